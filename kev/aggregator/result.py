@@ -1,0 +1,45 @@
+"""Result: what a user gets back for one question, with the audit fields of SPEC §4."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "timeout", "cancelled", "rejected", "error"]
+FinishReason = Literal["stop", "length", "timeout", "cancelled", "error"]
+
+
+@dataclass
+class Result:
+    request_id: str
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)  # completion tokens (EOS included when hit)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    channel_id: int | None = None
+    elapsed_ms: float = 0.0
+    started_at: float | None = None  # unix seconds
+    finished_at: float | None = None
+    finish_reason: FinishReason | None = None
+    status: Status = "ok"
+    error: str | None = None
+    isolation: str = "strict"
+    strategy: str = ""
+    hash_bucket: int | None = None
+    rerouted: bool = False
+    original_text: str | None = None
+    normalized_text: str | None = None
+    numerics_fingerprint: str = ""
+    isolation_verified: bool | None = None
+    logits: Any = None  # [completion_tokens, vocab] fp32 tensor, only when the engine records logits
+
+    @property
+    def tokens(self) -> int:
+        """Prompt + completion: the article's token consumption."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("logits")
+        data["tokens"] = self.tokens
+        return data

@@ -1,0 +1,74 @@
+"""Build an engine's parts from a config: model, tokenizer, KV blocks, channel pool, scheduler.
+
+Derived sizes are computed here, once, and logged.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from kev.config import KevConfig
+from kev.engine.channel_pool import ChannelPool
+from kev.engine.model_runner import ModelRunner
+from kev.engine.scheduler import Scheduler, SchedulerLimits
+from kev.errors import ConfigError
+from kev.isolation.block_manager import BlockManager
+from kev.model.llama import LlamaModel
+from kev.model.model_store import resolve_model_path
+from kev.model.tokenizer import Tokenizer
+from kev.model.weights import load_model
+
+log = logging.getLogger("kev.engine")
+
+
+@dataclass
+class EngineParts:
+    tokenizer: Tokenizer
+    runner: ModelRunner
+    blocks: BlockManager
+    pool: ChannelPool
+    scheduler: Scheduler
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
+    core = config.core
+    if core.threads:
+        torch.set_num_threads(core.threads)
+    folder = resolve_model_path(core.model_path)
+    device = pick_device(core.device)
+    if core.precision == "fp16" and device.type == "cpu":
+        raise ConfigError("core.precision: fp16 needs a CUDA device (core.device is cpu); use fp32 or bf16")
+    model = load_model(folder, core.precision, device, core.linear_tile, core.max_context)
+    return model, Tokenizer.from_folder(folder)
+
+
+def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: Tokenizer | None = None) -> EngineParts:
+    if model is None or tokenizer is None:
+        model, tokenizer = load_model_and_tokenizer(config)
+    core, router = config.core, config.router
+    unified = config.isolation.kv_cache == "unified"
+    blocks_per_channel = -(-core.max_context // core.block_size)
+    if unified:
+        num_blocks = router.channel_pool_size * blocks_per_channel
+    elif core.kv_cache_tokens:
+        num_blocks = -(-core.kv_cache_tokens // core.block_size)
+    else:
+        num_blocks = router.max_parallel_queries * blocks_per_channel
+    blocks = BlockManager(num_blocks, core.block_size)
+    if unified:
+        for channel in range(router.channel_pool_size):
+            blocks.reserve(channel, core.max_context)
+    runner = ModelRunner(model, num_blocks, core.block_size)
+    log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
+             config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
+    limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context, unified)
+    pool = ChannelPool(router.channel_pool_size)
+    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool))

@@ -1,0 +1,41 @@
+"""ModelRunner: the model, its paged KV cache, and the numerics fingerprint of how it computes."""
+from __future__ import annotations
+
+import hashlib
+import platform
+
+import torch
+
+from kev.model.attention import PagedKVLayer
+from kev.model.llama import LlamaModel
+from kev.model.step_metadata import StepMetadata
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        cfg = model.config
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.caches = [
+            PagedKVLayer(num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+            for _ in range(cfg.num_layers)
+        ]
+        self.fingerprint = numerics_fingerprint(self.dtype, self.device, model.tile)
+
+    @torch.inference_mode()
+    def run(self, meta: StepMetadata) -> torch.Tensor:
+        """fp32 logits [num_samples, vocab] for meta.sample_rows."""
+        return self.model(meta, self.caches)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        cfg = self.model.config
+        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+
+
+def numerics_fingerprint(dtype: torch.dtype, device: torch.device, tile: int) -> str:
+    """A short hash of everything that decides the bits of an answer."""
+    device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
+    parts = [str(dtype), device.type, device_kind, f"tile={tile}", "attn=paged-per-channel-sdpa", torch.__version__]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

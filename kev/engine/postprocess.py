@@ -1,0 +1,96 @@
+"""After a forward: append sampled tokens, stream deltas, decide who stops, hand out results."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kev.aggregator.result import Result
+from kev.engine.engine_setup import EngineParts
+from kev.engine.question import Phase, Question
+from kev.engine.request import Request, StreamEvent
+from kev.engine.scheduler import Work
+
+
+class Postprocessor:
+    def __init__(self, parts: EngineParts, requests: dict[str, Request], record_logits: bool) -> None:
+        self.scheduler, self.requests, self.record_logits = parts.scheduler, requests, record_logits
+        self.eos_ids = set(parts.tokenizer.eos_token_ids) | set(parts.runner.model.config.eos_token_ids)
+        self.max_context = parts.scheduler.limits.max_context
+        self.fingerprint = parts.runner.fingerprint
+        self.strategy = "round_robin"
+
+    def apply(self, work: list[Work], sampled: list[Question], tokens: list[int], logits: torch.Tensor) -> None:
+        for w in work:
+            w.question.num_computed = w.start + w.length
+        for row, (q, token) in enumerate(zip(sampled, tokens)):
+            if q.is_finished:  # cancelled or timed out while the forward ran
+                continue
+            q.phase = Phase.DECODE
+            q.output_ids.append(token)
+            if self.record_logits:
+                q.logits.append(logits[row].clone())
+            reason = self._stop_reason(q, token)
+            if reason:
+                self.scheduler.finish(q, reason)
+                self.complete(q)
+            else:
+                self._emit(q, final=False)
+
+    def _stop_reason(self, q: Question, token: int) -> str | None:
+        if token in self.eos_ids:
+            return "stop"
+        q.text += q.decoder.push(token)
+        for stop in q.sampling.stop:
+            cut = q.text.find(stop)
+            if cut >= 0:
+                q.text = q.text[:cut]
+                return "stop"
+        if len(q.output_ids) >= q.sampling.max_tokens or q.num_tokens >= self.max_context:
+            return "length"
+        return None
+
+    def _emit(self, q: Question, final: bool) -> None:
+        """Send the text not yet streamed; hold back what could still become a stop string."""
+        held = 0 if final else max((len(s) - 1 for s in q.sampling.stop), default=0)
+        safe = len(q.text) - held
+        sent = getattr(q, "_sent", 0)
+        sent_tokens = getattr(q, "_sent_tokens", 0)
+        if safe > sent or final:
+            request = self.requests[q.request_id]
+            request.events.put(StreamEvent(q.index, q.channel_id, q.text[sent:max(safe, sent)],
+                                           q.output_ids[sent_tokens:]))
+            q._sent, q._sent_tokens = max(safe, sent), len(q.output_ids)  # type: ignore[attr-defined]
+
+    def complete(self, q: Question) -> None:
+        """The question is finished: flush its text, build its Result, hand it to its request."""
+        if q.finish_reason != "stop" or not q.sampling.stop:
+            q.text += q.decoder.flush()
+        self._emit(q, final=True)
+        elapsed = ((q.finished_mono or time.monotonic()) - q.started_mono) * 1000 if q.started_mono else 0.0
+        result = Result(
+            request_id=q.request_id, index=q.index, text=q.text, token_ids=list(q.output_ids),
+            prompt_tokens=len(q.prompt_ids), completion_tokens=len(q.output_ids), channel_id=q.channel_id,
+            elapsed_ms=round(elapsed, 3), started_at=q.started_at, finished_at=q.finished_at,
+            finish_reason=q.finish_reason, status=q.status, error=q.error, isolation=q.isolation,  # type: ignore[arg-type]
+            strategy=self.strategy, original_text=q.original_text, numerics_fingerprint=self.fingerprint,
+            logits=torch.stack(q.logits) if q.logits else None,
+        )
+        self.requests[q.request_id].add_result(result)
+
+    def complete_error(self, request: Request, result: Result) -> None:
+        result.started_at = result.finished_at = time.time()
+        request.add_result(result)
+
+    def expire_deadlines(self) -> None:
+        now = time.monotonic()
+        expired = [q for q in self.scheduler.running if now > q.deadline]
+        expired += [item[2] for item in self.scheduler.waiting if now > item[2].deadline]
+        for q in expired:
+            self.scheduler.finish(q, "timeout", "timeout", f"timeout_ms passed after {len(q.output_ids)} tokens")
+            self.complete(q)
+
+    def fail_running(self, message: str) -> None:
+        for q in list(self.scheduler.running):
+            self.scheduler.finish(q, "error", "error", message)
+            self.complete(q)

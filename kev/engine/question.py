@@ -1,0 +1,69 @@
+"""Per-question state. A question's whole life (waiting → prefill → decode → finished) lives here."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass
+class Question:
+    request_id: str
+    index: int
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    deadline: float  # time.monotonic() after which it times out
+    priority: int = 0
+    isolation: str = "strict"
+    original_text: str | None = None
+    submitted_at: float = field(default_factory=time.time)
+    # --- filled in as it runs ---
+    phase: Phase = Phase.WAITING
+    channel_id: int | None = None
+    num_computed: int = 0  # tokens whose K/V are in the channel's cache
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    started_at: float | None = None
+    started_mono: float | None = None
+    finished_at: float | None = None
+    finished_mono: float | None = None
+    finish_reason: str | None = None
+    status: str = "ok"
+    error: str | None = None
+    generator: Any = None  # torch.Generator when sampling with a seed
+    decoder: Any = None  # IncrementalDecoder for text deltas
+    logits: list[Any] = field(default_factory=list)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.phase is Phase.FINISHED

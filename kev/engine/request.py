@@ -1,0 +1,38 @@
+"""Request: the questions submitted together, their results, and their stream of events."""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from kev.aggregator.result import Result
+from kev.engine.question import Question
+
+
+@dataclass
+class StreamEvent:
+    """One question's delta. Never mixes two questions."""
+
+    index: int
+    channel_id: int | None
+    text: str
+    token_ids: list[int]
+    finished: bool = False
+    result: Result | None = None  # set on the final event of a question
+
+
+@dataclass
+class Request:
+    request_id: str
+    num_questions: int
+    isolation: str
+    questions: dict[int, Question] = field(default_factory=dict)
+    results: dict[int, Result] = field(default_factory=dict)
+    events: queue.Queue[StreamEvent] = field(default_factory=queue.Queue)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def add_result(self, result: Result) -> None:
+        self.results[result.index] = result
+        self.events.put(StreamEvent(result.index, result.channel_id, "", [], True, result))
+        if len(self.results) == self.num_questions:
+            self.done.set()

@@ -1,0 +1,93 @@
+"""From submit()'s arguments to Questions: request-level checks (raise) and per-question checks (error results)."""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kev.aggregator.result import Result
+from kev.config import KevConfig
+from kev.config.schema import ISOLATION_ORDER
+from kev.engine.inputs import QuestionError, QuestionSpec, RequestDefaults, parse_question, validate_sampling
+from kev.engine.question import Question
+from kev.errors import InvalidRequestError
+from kev.model.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    isolation: str
+    max_parallel: int
+    defaults: RequestDefaults
+
+    @classmethod
+    def validate(cls, config: KevConfig, isolation: str | None, max_parallel: int | None, max_tokens: int | None,
+                 temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
+                 stop: list[str] | str | None, timeout_ms: int | None, system: str | None) -> SubmitOptions:
+        level = isolation or config.isolation.level
+        if level not in ISOLATION_ORDER:
+            raise InvalidRequestError(f"isolation: unknown level {level!r} (strict, shared, loose)")
+        if ISOLATION_ORDER[level] > ISOLATION_ORDER[config.isolation.level]:
+            raise InvalidRequestError(f"isolation: {level!r} is looser than the configured cap isolation.level={config.isolation.level!r}")
+        cap = config.router.max_parallel_queries
+        if max_parallel is not None and (isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1):
+            raise InvalidRequestError(f"max_parallel: must be a positive integer, got {max_parallel!r}")
+        try:
+            sampling = validate_sampling(
+                config.router.default_max_tokens if max_tokens is None else max_tokens,
+                0.0 if temperature is None else temperature, 1.0 if top_p is None else top_p,
+                0 if top_k is None else top_k, seed, stop or (), config.router.max_tokens_cap, "")
+            timeout = config.aggregator.timeout_ms if timeout_ms is None else timeout_ms
+            if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+                raise QuestionError(f"timeout_ms: must be a positive integer, got {timeout!r}")
+        except QuestionError as err:
+            raise InvalidRequestError(str(err)) from None
+        if system is not None and not isinstance(system, str):
+            raise InvalidRequestError(f"system: must be a string, got {type(system).__name__}")
+        defaults = RequestDefaults(sampling.max_tokens, config.router.max_tokens_cap, sampling.temperature, sampling.top_p,
+                                   sampling.top_k, sampling.seed, sampling.stop, timeout, system or config.isolation.system_prompt)
+        return cls(level, min(max_parallel or cap, cap), defaults)
+
+
+def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
+                    config: KevConfig) -> tuple[list[Question], list[Result]]:
+    questions: list[Question] = []
+    errors: list[Result] = []
+    for index, raw in enumerate(queries):
+        try:
+            spec = parse_question(raw, index, options.defaults)
+            prompt_ids = _tokenize(spec, tokenizer, index, config.core.max_context)
+        except QuestionError as err:
+            errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
+                                 isolation=options.isolation, original_text=raw if isinstance(raw, str) else None))
+            continue
+        questions.append(_question(spec, prompt_ids, request_id, index, options.isolation, tokenizer))
+    return questions, errors
+
+
+def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int) -> list[int]:
+    if spec.raw_prompt is not None:
+        text = spec.raw_prompt
+    elif tokenizer.has_chat_template:
+        text = tokenizer.render_chat(spec.messages or [], add_generation_prompt=True)
+    else:
+        text = "\n".join(m["content"] for m in spec.messages or [])
+    ids = tokenizer.encode(text)
+    if len(ids) >= max_context:
+        raise QuestionError(f"queries[{index}]: prompt has {len(ids)} tokens; core.max_context is {max_context} "
+                            "(the prompt and at least one new token must fit)")
+    return ids
+
+
+def _question(spec: QuestionSpec, prompt_ids: list[int], request_id: str, index: int, isolation: str,
+              tokenizer: Tokenizer) -> Question:
+    q = Question(request_id, index, prompt_ids, spec.sampling, time.monotonic() + spec.timeout_ms / 1000,
+                 spec.priority, isolation, spec.original_text)
+    if not spec.sampling.is_greedy:
+        seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
+        q.generator = torch.Generator().manual_seed(seed)
+    q.decoder = tokenizer.incremental_decoder()
+    return q

@@ -1,0 +1,21 @@
+"""The errors a Kev user can catch. Each message names the field or value at fault."""
+
+
+class KevError(Exception):
+    """Base class of every error Kev raises on purpose."""
+
+
+class ConfigError(KevError, ValueError):
+    """A configuration that cannot work; raised at load, never later."""
+
+
+class InvalidRequestError(KevError, ValueError):
+    """A submit() whose request-level arguments are wrong (not one question's fault)."""
+
+
+class RejectedError(KevError):
+    """The channel pool is full and the overflow policy said no."""
+
+
+class UnknownRequestError(KevError, KeyError):
+    """A request_id that this engine never issued (or already forgot)."""

@@ -1,0 +1,91 @@
+"""BlockManager: who owns which KV block. Python ints only; the tensors live in the model runner.
+
+Each channel has a block table (block ids in position order). Blocks are handed out
+on demand (split) or all at once (unified); a released block is free for anyone,
+and nothing can attend to it until its new owner writes it, because attention reads
+only the first ctx_len slots of the owner's own table.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+
+class OutOfBlocksError(RuntimeError):
+    pass
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self._free: deque[int] = deque(range(num_blocks))
+        self._ref_counts = [0] * num_blocks
+        self._tables: dict[int, list[int]] = {}
+        self._promised: dict[int, int] = {}  # channel -> blocks it may still grow to
+
+    # --- queries -------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_table(self, channel_id: int) -> list[int]:
+        return self._tables.get(channel_id, [])
+
+    def slots(self, channel_id: int, start: int, end: int) -> list[int]:
+        """Flat cache slots of positions [start, end) of the channel."""
+        table, size = self._tables[channel_id], self.block_size
+        return [table[pos // size] * size + pos % size for pos in range(start, end)]
+
+    def can_promise(self, num_tokens: int) -> bool:
+        """Would a new channel needing num_tokens at most still fit beside every promise made?"""
+        outstanding = sum(max(0, n - len(self.block_table(c))) for c, n in self._promised.items())
+        return self.blocks_for(num_tokens) + outstanding <= len(self._free)
+
+    # --- changes -------------------------------------------------------------
+    def promise(self, channel_id: int, num_tokens: int) -> None:
+        """Admit a channel that will grow to at most num_tokens (split: no blocks taken yet)."""
+        self._promised[channel_id] = max(self.blocks_for(num_tokens), len(self.block_table(channel_id)))
+
+    def reserve(self, channel_id: int, num_tokens: int) -> None:
+        """Unified mode: take every block the channel may ever need, up front."""
+        self.ensure(channel_id, num_tokens)
+
+    def ensure(self, channel_id: int, num_tokens: int) -> None:
+        """Grow the channel's table until it covers num_tokens positions."""
+        table = self._tables.setdefault(channel_id, [])
+        needed = self.blocks_for(num_tokens) - len(table)
+        if needed > len(self._free):
+            raise OutOfBlocksError(f"channel {channel_id} needs {needed} more KV blocks, {len(self._free)} free")
+        for _ in range(needed):
+            block = self._free.popleft()
+            self._ref_counts[block] += 1
+            table.append(block)
+
+    def release(self, channel_id: int) -> list[int]:
+        """Return the channel's blocks to the pool; returns the ids released."""
+        self._promised.pop(channel_id, None)
+        table = self._tables.pop(channel_id, [])
+        for block in table:
+            self._ref_counts[block] -= 1
+            if self._ref_counts[block] == 0:
+                self._free.append(block)
+        return table
+
+    # --- invariants ----------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Every block is either free with no owner, or owned by exactly as many tables as its ref count."""
+        owners = [0] * self.num_blocks
+        for table in self._tables.values():
+            for block in table:
+                owners[block] += 1
+        free = set(self._free)
+        assert len(free) == len(self._free), "a block is twice in the free list"
+        for block in range(self.num_blocks):
+            assert owners[block] == self._ref_counts[block], f"block {block}: ref count {self._ref_counts[block]} != {owners[block]} owners"
+            assert (block in free) == (owners[block] == 0), f"block {block}: free={block in free} but has {owners[block]} owners"

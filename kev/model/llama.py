@@ -1,0 +1,98 @@
+"""Kev's decoder for the Llama family (Llama, Mistral, Qwen2-style QKV bias).
+
+Module names follow Hugging Face except for the fused projections (qkv_proj,
+gate_up_proj), which halve the number of tiled GEMM calls per layer.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kev.model.attention import PagedKVLayer, paged_attention
+from kev.model.model_config import ModelConfig
+from kev.model.rope import RotaryTable
+from kev.model.step_metadata import StepMetadata
+from kev.model.tiled_linear import TiledLinear, pad_rows
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32 statistics, as Hugging Face does, whatever the model dtype.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, tile: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = TiledLinear(cfg.hidden_size, q_size + 2 * kv_size, cfg.attention_bias, tile)
+        self.o_proj = TiledLinear(q_size, cfg.hidden_size, False, tile)
+
+    def forward(self, x: torch.Tensor, rope: RotaryTable, meta: StepMetadata, cache: PagedKVLayer) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = rope.apply(q.view(-1, self.num_heads, self.head_dim), meta.positions)  # [rows, heads, dim]
+        k = rope.apply(k.view(-1, self.num_kv_heads, self.head_dim), meta.positions)  # [rows, kv_heads, dim]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        out = paged_attention(q, k, v, cache, meta)
+        return self.o_proj(out.flatten(1))  # [rows, hidden]
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tile: int) -> None:
+        super().__init__()
+        self.gate_up_proj = TiledLinear(cfg.hidden_size, 2 * cfg.intermediate_size, False, tile)
+        self.down_proj = TiledLinear(cfg.intermediate_size, cfg.hidden_size, False, tile)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, tile: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, tile)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, tile)
+
+    def forward(self, x: torch.Tensor, rope: RotaryTable, meta: StepMetadata, cache: PagedKVLayer) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, tile: int, max_positions: int) -> None:
+        super().__init__()
+        self.config, self.tile = cfg, tile
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tile) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else TiledLinear(cfg.hidden_size, cfg.vocab_size, False, tile)
+        self.max_positions = max_positions
+        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+
+    def forward(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:
+        """Runs the packed step; returns fp32 logits [num_samples, vocab] for meta.sample_rows only."""
+        x = self.embed_tokens(meta.input_ids)  # [rows, hidden]
+        for layer, cache in zip(self.layers, caches):
+            x = layer(x, self.rope, meta, cache)
+        picked = pad_rows(x.index_select(0, meta.sample_rows), self.tile)  # [samples (padded), hidden]
+        return self.logits(self.norm(picked))[: meta.sample_rows.numel()].float()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        weight = self.embed_tokens.weight
+        return torch.cat([F.linear(rows, weight) for rows in hidden.split(self.tile)])

@@ -1,0 +1,34 @@
+"""StepMetadata: the one object the engine's bookkeeping and the model's math both touch.
+
+It describes a packed step as per-channel spans over one flat token batch and the
+paged KV cache. There is no [T, T] mask: attention of a channel is computed from its
+own span and its own key slots, so block-diagonal isolation is structural.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ChannelSpan:
+    """One channel's part of the step."""
+
+    channel_id: int
+    q_start: int  # first row of this channel in the packed batch
+    q_len: int  # rows it contributes this step
+    ctx_len: int  # keys it attends to (cached + new), ending at its last new token
+    kv_slots: torch.Tensor  # [ctx_len] cache slots of those keys, in position order
+    attn_mask: torch.Tensor | None  # [q_len, ctx_len] bool; None when is_causal or q_len == 1
+    is_causal: bool  # the chunk starts at position 0 (q_len == ctx_len): plain causal
+
+
+@dataclass
+class StepMetadata:
+    input_ids: torch.Tensor  # [num_rows] padded to a multiple of the linear tile
+    positions: torch.Tensor  # [num_rows] restart at 0 in every channel
+    num_tokens: int  # real (unpadded) rows
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot where each new token's K/V goes
+    spans: list[ChannelSpan]
+    sample_rows: torch.Tensor  # [num_samples] rows whose next-token logits are needed

@@ -1,0 +1,78 @@
+"""Build a LlamaModel from a Hugging Face folder (safetensors) or with random weights."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from kev.model.llama import LlamaModel
+from kev.model.model_config import ModelConfig
+from kev.model.rope import RotaryTable
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Hugging Face names that Kev stores fused: (fused suffix, parts in order).
+_FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def load_model(folder: Path, precision: str, device: torch.device, tile: int, max_positions: int) -> LlamaModel:
+    cfg = ModelConfig.from_folder(folder)
+    tensors = _read_safetensors(folder)
+    with torch.device("meta"):
+        model = LlamaModel(cfg, tile, max_positions)
+    state = _to_kev_names(tensors, cfg)
+    missing = set(model.state_dict()) - set(state)
+    if missing:
+        raise ValueError(f"{folder}: checkpoint lacks {sorted(missing)[:5]}")
+    model.load_state_dict(state, strict=True, assign=True)
+    return _finish(model, precision, device)
+
+
+def random_model(cfg: ModelConfig, precision: str, device: torch.device, tile: int, max_positions: int, seed: int = 0) -> LlamaModel:
+    """Random weights of the given shapes, for benchmarks of models we do not ship."""
+    generator = torch.Generator().manual_seed(seed)
+    model = LlamaModel(cfg, tile, max_positions)
+    for name, param in model.named_parameters():
+        if name.endswith("layernorm.weight") or name == "norm.weight":
+            param.data.fill_(1.0)
+        else:
+            param.data.normal_(0.0, 0.02, generator=generator)
+    return _finish(model, precision, device)
+
+
+def _finish(model: LlamaModel, precision: str, device: torch.device) -> LlamaModel:
+    dtype = DTYPES[precision]
+    model = model.to(device=device, dtype=dtype).eval()
+    cfg = model.config  # the table is rebuilt: a model made on the meta device has none
+    model.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, model.max_positions).to(device, dtype)
+    return model
+
+
+def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder}: no *.safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(file, framework="pt") as handle:
+            for key in handle.keys():
+                tensors[key] = handle.get_tensor(key)
+    return tensors
+
+
+def _to_kev_names(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    state = {name.removeprefix("model."): t.float() for name, t in tensors.items()}
+    for layer in range(cfg.num_layers):
+        prefix = f"layers.{layer}."
+        for fused, parts in _FUSED.items():
+            state[prefix + fused + ".weight"] = torch.cat([state.pop(prefix + p + ".weight") for p in parts])
+            if all(prefix + p + ".bias" in state for p in parts):
+                state[prefix + fused + ".bias"] = torch.cat([state.pop(prefix + p + ".bias") for p in parts])
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    return state
