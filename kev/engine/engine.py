@@ -24,6 +24,7 @@ from kev.engine.packer import pack
 from kev.engine.postprocess import Postprocessor
 from kev.engine.request import Request, StreamEvent
 from kev.engine.sampler import sample
+from kev.engine.stats import EngineStats
 from kev.engine.submission import SubmitOptions, build_questions
 from kev.errors import InvalidRequestError, UnknownRequestError
 
@@ -40,7 +41,7 @@ class Engine:
         self.post = Postprocessor(self.parts, self.requests, record_logits)
         self._lock = threading.Condition()
         self._closed = False
-        self.num_steps = 0
+        self.stats = EngineStats()
         self._thread = threading.Thread(target=self._loop, name="kev-engine", daemon=True)
         self._thread.start()
 
@@ -123,6 +124,7 @@ class Engine:
     # --- the loop ------------------------------------------------------------
     def step(self) -> int:
         """One forward over every active channel; returns the number of tokens computed."""
+        started = time.perf_counter()
         with self._lock:
             self.post.expire_deadlines()
             work = self.scheduler.schedule()
@@ -134,8 +136,33 @@ class Engine:
         tokens = sample(logits, sampling)
         with self._lock:
             self.post.apply(work, sampling, tokens, logits)
-        self.num_steps += 1
+        self.stats.record(len(work), meta.num_tokens, len(tokens), (time.perf_counter() - started) * 1000)
         return meta.num_tokens
+
+    @property
+    def num_steps(self) -> int:
+        return self.stats.num_steps
+
+    def channel_states(self) -> list[dict[str, Any]]:
+        """Live state of every channel in the pool: idle / prefill / decode, and whose question it holds."""
+        with self._lock:
+            states = []
+            for channel in self.parts.pool.channels:
+                q = channel.question
+                states.append({
+                    "channel_id": channel.channel_id,
+                    "state": q.phase.value if q else "idle",
+                    "request_id": q.request_id if q else None,
+                    "index": q.index if q else None,
+                    "tokens": q.num_tokens if q else 0,
+                    "kv_blocks": len(self.parts.blocks.block_table(channel.channel_id)),
+                    "num_served": channel.num_served,
+                })
+            return states
+
+    def queue_length(self) -> int:
+        with self._lock:
+            return len(self.scheduler.waiting)
 
     def _loop(self) -> None:
         while True:

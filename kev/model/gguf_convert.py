@@ -154,7 +154,9 @@ def _build_config(meta: _Meta, tensors: dict[str, np.ndarray]) -> dict[str, Any]
         "num_hidden_layers": int(meta.arch_get("block_count")),
         "num_attention_heads": n_head,
         "num_key_value_heads": int(meta.arch_get("attention.head_count_kv", n_head)),
-        "head_dim": int(meta.arch_get("attention.key_length") or meta.arch_get("rope.dimension_count") or hidden // n_head),
+        "head_dim": int(
+            meta.arch_get("attention.key_length") or meta.arch_get("rope.dimension_count") or hidden // n_head
+        ),
         "rms_norm_eps": _f32(meta.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
         "rope_theta": _f32(meta.arch_get("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(meta.arch_get("context_length", 2048)),

@@ -1,0 +1,54 @@
+"""`kev` command line. Each subcommand lives in its own module with add_arguments() and run()."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module, one-line help). A module that is not there (an optional part) is skipped.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("kev.cli.run_cmd", "answer questions in one engine run and print the channel table"),
+    "bench": ("kev.cli.bench_cmd", "throughput of Kev vs serial vs Hugging Face batching"),
+    "serve": ("kev.cli.serve_cmd", "the HTTP service"),
+    "verify": ("kev.cli.verify_cmd", "prove isolation: packed answers equal solo answers"),
+    "stress": ("kev.cli.stress_cmd", "varied-length soak that collects isolation alerts"),
+    "plan": ("kev.cli.plan_cmd", "the memory bill: weights + KV per channel"),
+    "stats": ("kev.cli.stats_cmd", "hash-bucket and channel load from an audit log"),
+    "worker": ("kev.cli.worker_cmd", "distributed inference worker"),
+    "aggregator": ("kev.cli.aggregator_cmd", "distributed result aggregator"),
+    "cluster": ("kev.cli.cluster_cmd", "run a local distributed cluster"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kev", description="Many questions, one forward pass, isolated channels.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name == module_name:
+                continue
+            raise
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command)
+        command.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from kev.errors import KevError
+
+    try:
+        return int(args.handler(args) or 0)
+    except KevError as err:
+        print(f"kev {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

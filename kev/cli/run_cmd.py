@@ -1,0 +1,50 @@
+"""kev run "q1" "q2" ...: one engine run, then the channel table (or JSON lines)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from kev.aggregator.result import Result
+from kev.cli.common import add_config_flags, config_from_args
+from kev.engine.engine import Engine
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("queries", nargs="+", help="questions, one argument each")
+    add_config_flags(parser)
+    parser.add_argument("--max-tokens", type=int, help="new tokens per question")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--isolation", choices=["strict", "shared", "loose"])
+    parser.add_argument("--system", help="a shared system prompt")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all answers")
+    parser.add_argument("--json", action="store_true", help="one JSON object per result per line")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    with Engine(config) as engine:
+        results = engine.generate(args.queries, timeout=args.timeout, max_tokens=args.max_tokens,
+                                  temperature=args.temperature, seed=args.seed, isolation=args.isolation,
+                                  system=args.system)
+        steps = engine.num_steps
+    if args.json:
+        for result in results:
+            print(json.dumps(result.to_dict(), ensure_ascii=False))
+    else:
+        print_table(results, steps)
+    return 0 if all(r.status == "ok" for r in results) else 1
+
+
+def print_table(results: list[Result], steps: int) -> None:
+    table = Table(title=f"{len(results)} questions, {steps} engine steps (each step = one forward over every active channel)")
+    for column in ("channel_id", "elapsed_ms", "prompt", "completion", "finish", "text"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        text = r.text.strip() if r.status == "ok" else f"[{r.status}] {r.error or r.text}"
+        table.add_row(str(r.channel_id), f"{r.elapsed_ms:.0f}", str(r.prompt_tokens), str(r.completion_tokens),
+                      r.finish_reason or "", text)
+    Console(width=160).print(table)

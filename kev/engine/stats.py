@@ -1,0 +1,29 @@
+"""Counters the engine keeps about its own steps (read by /metrics, /v1/channels and the playground)."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    at: float  # unix seconds when the step ended
+    num_channels: int  # channels in the forward
+    num_tokens: int  # tokens computed (prefill + decode)
+    num_sampled: int  # tokens generated
+    step_ms: float
+
+
+@dataclass
+class EngineStats:
+    num_steps: int = 0
+    num_tokens_computed: int = 0
+    num_tokens_generated: int = 0
+    recent: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def record(self, num_channels: int, num_tokens: int, num_sampled: int, step_ms: float) -> None:
+        self.num_steps += 1
+        self.num_tokens_computed += num_tokens
+        self.num_tokens_generated += num_sampled
+        self.recent.append(StepRecord(time.time(), num_channels, num_tokens, num_sampled, step_ms))
