@@ -4,12 +4,13 @@ from __future__ import annotations
 import pytest
 
 import kev
-from kev.engine.engine_setup import load_model_and_tokenizer
 
 
 @pytest.fixture(scope="session")
 def default_model():
     """The default model and tokenizer, loaded once and shared by every engine in the session."""
+    from kev.engine.engine_setup import load_model_and_tokenizer  # torch: only for tests that need the model
+
     return load_model_and_tokenizer(kev.load_config({}))
 
 

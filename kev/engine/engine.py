@@ -15,10 +15,12 @@ from typing import Any
 
 import torch
 
+from kev.aggregator.audit_records import AuditLog
 from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
 from kev.engine.engine_setup import EngineParts, build_parts
+from kev.engine.overflow import place_all
 from kev.engine.inputs import QuestionError, RequestDefaults
 from kev.engine.packer import pack
 from kev.engine.postprocess import Postprocessor
@@ -26,7 +28,7 @@ from kev.engine.request import Request, StreamEvent
 from kev.engine.sampler import sample
 from kev.engine.stats import EngineStats
 from kev.engine.submission import SubmitOptions, build_questions
-from kev.errors import InvalidRequestError, UnknownRequestError
+from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnknownRequestError
 
 log = logging.getLogger("kev.engine")
 
@@ -38,7 +40,8 @@ class Engine:
         self.tokenizer, self.runner, self.scheduler = self.parts.tokenizer, self.parts.runner, self.parts.scheduler
         self.record_logits = record_logits
         self.requests: dict[str, Request] = {}
-        self.post = Postprocessor(self.parts, self.requests, record_logits)
+        self.audit = AuditLog(config.audit.path, config.audit.level) if config.audit.path else None
+        self.post = Postprocessor(self.parts, self.requests, record_logits, self.audit)
         self._lock = threading.Condition()
         self._closed = False
         self.stats = EngineStats()
@@ -54,14 +57,18 @@ class Engine:
                max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
                top_k: int | None = None, seed: int | None = None, stop: list[str] | str | None = None,
                timeout_ms: int | None = None, system: str | None = None) -> str:
-        """Queue the questions; returns a request_id at once. Bad questions become error results."""
+        """Route the questions to channels; returns a request_id. Bad questions become error results.
+
+        When no channel can take a question, router.overflow_policy decides: `wait` blocks
+        here (OverflowTimeoutError after the question's timeout_ms), `queue` and `reject`
+        return at once or raise RejectedError."""
         options = SubmitOptions.validate(self.config, isolation, max_parallel, max_tokens, temperature,
                                          top_p, top_k, seed, stop, timeout_ms, system)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
         request_id = uuid.uuid4().hex[:16]
         request = Request(request_id, len(queries), options.isolation)
-        questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config)
+        questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config, self.parts.router)
         with self._lock:
             if self._closed:
                 raise InvalidRequestError("engine is closed")
@@ -69,10 +76,14 @@ class Engine:
             self.scheduler.request_parallel[request_id] = options.max_parallel
             for result in errors:
                 self.post.complete_error(request, result)
-            for q in questions:
-                request.questions[q.index] = q
-                self.scheduler.add(q)
-            self._lock.notify_all()
+            request.questions.update((q.index, q) for q in questions)
+            try:
+                place_all(self.scheduler, questions, self.config.router.overflow_policy, self._lock)
+            except (RejectedError, OverflowTimeoutError):
+                del self.requests[request_id]
+                raise
+            finally:
+                self._lock.notify_all()
         return request_id
 
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
@@ -114,6 +125,8 @@ class Engine:
             self._closed = True
             self._lock.notify_all()
         self._thread.join(timeout=30)
+        if self.audit:
+            self.audit.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -128,6 +141,7 @@ class Engine:
         with self._lock:
             self.post.expire_deadlines()
             work = self.scheduler.schedule()
+            self._lock.notify_all()  # admission made room in channel queues: wake `wait` submitters
         if not work:
             return 0
         meta = pack(work, self.parts.blocks, self.runner.model.tile, self.runner.device)
@@ -136,6 +150,7 @@ class Engine:
         tokens = sample(logits, sampling)
         with self._lock:
             self.post.apply(work, sampling, tokens, logits)
+            self._lock.notify_all()
         self.stats.record(len(work), meta.num_tokens, len(tokens), (time.perf_counter() - started) * 1000)
         return meta.num_tokens
 
@@ -155,6 +170,7 @@ class Engine:
                     "request_id": q.request_id if q else None,
                     "index": q.index if q else None,
                     "tokens": q.num_tokens if q else 0,
+                    "queued": len(channel.queue),
                     "kv_blocks": len(self.parts.blocks.block_table(channel.channel_id)),
                     "num_served": channel.num_served,
                 })
@@ -162,7 +178,7 @@ class Engine:
 
     def queue_length(self) -> int:
         with self._lock:
-            return len(self.scheduler.waiting)
+            return len(self.scheduler.waiting())
 
     def _loop(self) -> None:
         while True:

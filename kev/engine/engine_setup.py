@@ -11,6 +11,7 @@ import torch
 
 from kev.config import KevConfig
 from kev.engine.channel_pool import ChannelPool
+from kev.engine.embedder import MeanEmbedder
 from kev.engine.model_runner import ModelRunner
 from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.errors import ConfigError
@@ -19,6 +20,7 @@ from kev.model.llama import LlamaModel
 from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
 from kev.model.weights import load_model
+from kev.router.router import Router
 
 log = logging.getLogger("kev.engine")
 
@@ -30,6 +32,7 @@ class EngineParts:
     blocks: BlockManager
     pool: ChannelPool
     scheduler: Scheduler
+    router: Router
 
 
 def pick_device(name: str) -> torch.device:
@@ -69,6 +72,9 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     runner = ModelRunner(model, num_blocks, core.block_size)
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
-    limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context, unified)
-    pool = ChannelPool(router.channel_pool_size)
-    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool))
+    limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context,
+                             unified, router.max_queue)
+    pool = ChannelPool(router.channel_pool_size, router.channel_queue_depth)
+    gateway = Router(router, MeanEmbedder(model.embed_tokens.weight, tokenizer))
+    log.info("router: %s, channel groups %s", router.strategy, [(g.name, len(g.channels), g.slots) for g in gateway.layout.groups])
+    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool, gateway), gateway)

@@ -30,6 +30,7 @@ class RequestDefaults:
     stop: tuple[str, ...] = ()
     timeout_ms: int = 10000
     system: str | None = None
+    timeout_ms_cap: int = 600_000
 
 
 @dataclass
@@ -72,8 +73,15 @@ def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionS
         messages = [{"role": "system", "content": defaults.system}, *messages]
     original = prompt if prompt is not None else messages[-1]["content"]  # type: ignore[index]
     return QuestionSpec(messages, prompt, original, _sampling(options, defaults, where),
-                        _int(options.get("timeout_ms", defaults.timeout_ms), f"{where}.timeout_ms", 1),
+                        validate_timeout(options.get("timeout_ms", defaults.timeout_ms), defaults.timeout_ms_cap, where + "."),
                         _int(options.get("priority", 0), f"{where}.priority", None))
+
+
+def validate_timeout(timeout_ms: Any, cap: int, where: str) -> int:
+    timeout_ms = _int(timeout_ms, f"{where}timeout_ms", 1)
+    if timeout_ms > cap:
+        raise QuestionError(f"{where}timeout_ms: {timeout_ms} exceeds the cap router.timeout_ms_cap={cap}")
+    return timeout_ms
 
 
 def validate_sampling(max_tokens: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, stop: Any, cap: int, where: str) -> SamplingParams:

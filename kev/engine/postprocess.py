@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from kev.aggregator.audit_records import AuditLog
 from kev.aggregator.result import Result
 from kev.engine.engine_setup import EngineParts
 from kev.engine.question import Phase, Question
@@ -13,12 +14,13 @@ from kev.engine.scheduler import Work
 
 
 class Postprocessor:
-    def __init__(self, parts: EngineParts, requests: dict[str, Request], record_logits: bool) -> None:
-        self.scheduler, self.requests, self.record_logits = parts.scheduler, requests, record_logits
+    def __init__(self, parts: EngineParts, requests: dict[str, Request], record_logits: bool,
+                 audit: AuditLog | None = None) -> None:
+        self.scheduler, self.requests, self.record_logits, self.audit = parts.scheduler, requests, record_logits, audit
         self.eos_ids = set(parts.tokenizer.eos_token_ids) | set(parts.runner.model.config.eos_token_ids)
         self.max_context = parts.scheduler.limits.max_context
         self.fingerprint = parts.runner.fingerprint
-        self.strategy = "round_robin"
+        self.strategy = parts.router.strategy_name
 
     def apply(self, work: list[Work], sampled: list[Question], tokens: list[int], logits: torch.Tensor) -> None:
         for w in work:
@@ -68,24 +70,33 @@ class Postprocessor:
             q.text += q.decoder.flush()
         self._emit(q, final=True)
         elapsed = ((q.finished_mono or time.monotonic()) - q.started_mono) * 1000 if q.started_mono else 0.0
+        queued = ((q.started_at or q.finished_at or time.time()) - q.submitted_at) * 1000
         result = Result(
             request_id=q.request_id, index=q.index, text=q.text, token_ids=list(q.output_ids),
             prompt_tokens=len(q.prompt_ids), completion_tokens=len(q.output_ids), channel_id=q.channel_id,
             elapsed_ms=round(elapsed, 3), started_at=q.started_at, finished_at=q.finished_at,
             finish_reason=q.finish_reason, status=q.status, error=q.error, isolation=q.isolation,  # type: ignore[arg-type]
             strategy=self.strategy, original_text=q.original_text, numerics_fingerprint=self.fingerprint,
-            logits=torch.stack(q.logits) if q.logits else None,
+            logits=torch.stack(q.logits) if q.logits else None, normalized_text=q.normalized_text,
+            hash_bucket=q.features.bucket if q.features else None, rerouted=q.rerouted,
+            category=q.features.category if q.features else None, queue_ms=round(queued, 3),
         )
-        self.requests[q.request_id].add_result(result)
+        self._deliver(self.requests[q.request_id], result)
 
     def complete_error(self, request: Request, result: Result) -> None:
         result.started_at = result.finished_at = time.time()
+        result.strategy = self.strategy
+        self._deliver(request, result)
+
+    def _deliver(self, request: Request, result: Result) -> None:
+        if self.audit:
+            self.audit.write_result(result)
         request.add_result(result)
 
     def expire_deadlines(self) -> None:
         now = time.monotonic()
         expired = [q for q in self.scheduler.running if now > q.deadline]
-        expired += [item[2] for item in self.scheduler.waiting if now > item[2].deadline]
+        expired += [q for q in self.scheduler.waiting() if now > q.deadline]
         for q in expired:
             self.scheduler.finish(q, "timeout", "timeout", f"timeout_ms passed after {len(q.output_ids)} tokens")
             self.complete(q)

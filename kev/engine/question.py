@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kev.router.features import QuestionFeatures
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,7 +30,7 @@ class Phase(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two questions are never "equal"
 class Question:
     request_id: str
     index: int
@@ -38,7 +40,11 @@ class Question:
     priority: int = 0
     isolation: str = "strict"
     original_text: str | None = None
+    normalized_text: str | None = None
+    features: QuestionFeatures | None = None  # what the router routes on
     submitted_at: float = field(default_factory=time.time)
+    arrival: int | None = None  # submission order, set by the scheduler; the tie-break after priority
+    rerouted: bool = False  # the breaker or a full queue moved it off the strategy's pick
     # --- filled in as it runs ---
     phase: Phase = Phase.WAITING
     channel_id: int | None = None

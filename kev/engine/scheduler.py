@@ -1,19 +1,23 @@
 """Scheduler: which channels take part in the next step, and with which tokens.
 
-Decode tokens go first (one per channel), then prefill chunks in admission order
+Questions are bound to a channel when they arrive (the router picks it) and wait in that
+channel's queue; each step an idle channel starts its queue head, highest priority first
+across channels, within max_parallel and its group's share of the slots. Decode tokens go first (one per channel), then prefill chunks in admission order
 while the step's token budget lasts. A chunk always ends at a multiple of
 prefill_chunk counted from the question's own start, so how a prompt is cut never
 depends on what else is running (batch invariance).
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 from itertools import count
 
-from kev.engine.channel_pool import ChannelPool
+from kev.engine.channel_pool import ChannelPool, queue_order
 from kev.engine.question import Phase, Question
 from kev.isolation.block_manager import BlockManager
+from kev.router.router import Router
 
 
 @dataclass
@@ -31,22 +35,41 @@ class SchedulerLimits:
     prefill_chunk: int
     max_context: int
     reserve_per_channel: bool  # unified KV: each channel holds max_context blocks for life
+    max_queue: int = 0  # overflow FIFO of policy `queue`: questions no channel could take yet
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, pool: ChannelPool) -> None:
-        self.limits, self.blocks, self.pool = limits, blocks, pool
-        self.waiting: list[tuple[int, int, Question]] = []  # (-priority, arrival, question)
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, pool: ChannelPool, router: Router) -> None:
+        self.limits, self.blocks, self.pool, self.router = limits, blocks, pool, router
         self.running: list[Question] = []
+        self.overflow: list[Question] = []  # (-priority, arrival) order; bound to no channel yet
         self._arrival = count()
         self.request_parallel: dict[str, int] = {}  # request_id -> its max_parallel cap
 
-    def add(self, question: Question) -> None:
-        self.waiting.append((-question.priority, next(self._arrival), question))
-        self.waiting.sort(key=lambda item: item[:2])
+    def add(self, question: Question) -> bool:
+        """Bind the question to a channel queue; False when no channel of its group can take it."""
+        if question.arrival is None:
+            question.arrival = next(self._arrival)
+        placement = self.router.route(question.features, self.pool)  # type: ignore[arg-type]
+        if placement is None:
+            return False
+        question.rerouted = placement.rerouted
+        self.pool.enqueue(placement.channel_id, question)
+        return True
+
+    def defer(self, question: Question) -> bool:
+        """Overflow policy `queue`: hold the question in the bounded FIFO; False when it is full."""
+        if len(self.overflow) >= self.limits.max_queue:
+            return False
+        self.overflow.insert(bisect.bisect(self.overflow, queue_order(question), key=queue_order), question)
+        return True
+
+    def waiting(self) -> list[Question]:
+        """Every question not running yet: in a channel queue or in the overflow FIFO."""
+        return self.pool.queued() + self.overflow
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.running or self.overflow or self.pool.num_queued())
 
     def schedule(self) -> list[Work]:
         self._admit()
@@ -78,30 +101,35 @@ class Scheduler:
             if not self.limits.reserve_per_channel:
                 self.blocks.release(question.channel_id)  # type: ignore[arg-type]
             self.pool.release(question.channel_id)  # type: ignore[arg-type]
-        else:
-            self.waiting = [item for item in self.waiting if item[2] is not question]
+        elif not self.pool.remove(question) and question in self.overflow:
+            self.overflow.remove(question)
 
     def _admit(self) -> None:
-        running_per_request: dict[str, int] = {}
+        self._drain_overflow()
+        per_request: dict[str, int] = {}
+        per_group: dict[str, int] = {}
         for q in self.running:
-            running_per_request[q.request_id] = running_per_request.get(q.request_id, 0) + 1
-        kept: list[tuple[int, int, Question]] = []
-        for item in self.waiting:
-            q = item[2]
+            group = self.router.layout.group_of(q.channel_id).name  # type: ignore[arg-type]
+            per_request[q.request_id] = per_request.get(q.request_id, 0) + 1
+            per_group[group] = per_group.get(group, 0) + 1
+        for q in sorted(self.pool.ready(), key=queue_order):
+            if len(self.running) >= self.limits.max_parallel:
+                break
+            group = self.router.layout.group_of(q.channel_id)  # type: ignore[arg-type]
             cap = self.request_parallel.get(q.request_id, self.limits.max_parallel)
-            ready = (len(self.running) < self.limits.max_parallel
-                     and running_per_request.get(q.request_id, 0) < cap and self._fits(q))
-            channel = self.pool.acquire(q) if ready else None
-            if channel is None:
-                kept.append(item)
+            if per_group.get(group.name, 0) >= group.slots or per_request.get(q.request_id, 0) >= cap or not self._fits(q):
                 continue
-            q.channel_id = channel
+            self.pool.start(q)
             if not self.limits.reserve_per_channel:
-                self.blocks.promise(q.channel_id, self._max_tokens(q))
+                self.blocks.promise(q.channel_id, self._max_tokens(q))  # type: ignore[arg-type]
             q.phase, q.started_at, q.started_mono = Phase.PREFILL, time.time(), time.monotonic()
             self.running.append(q)
-            running_per_request[q.request_id] = running_per_request.get(q.request_id, 0) + 1
-        self.waiting = kept
+            per_request[q.request_id] = per_request.get(q.request_id, 0) + 1
+            per_group[group.name] = per_group.get(group.name, 0) + 1
+
+    def _drain_overflow(self) -> None:
+        """Route the overflow FIFO into channels with room, in order (a full group keeps its place)."""
+        self.overflow = [q for q in self.overflow if not self.add(q)]
 
     def _max_tokens(self, q: Question) -> int:
         return min(len(q.prompt_ids) + q.sampling.max_tokens, self.limits.max_context)

@@ -11,10 +11,13 @@ import torch
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
-from kev.engine.inputs import QuestionError, QuestionSpec, RequestDefaults, parse_question, validate_sampling
+from kev.engine.inputs import (QuestionError, QuestionSpec, RequestDefaults, parse_question, validate_sampling,
+                               validate_timeout)
 from kev.engine.question import Question
 from kev.errors import InvalidRequestError
 from kev.model.tokenizer import Tokenizer
+from kev.router.normalize import Normalizer
+from kev.router.router import Router
 
 
 @dataclass(frozen=True)
@@ -40,32 +43,44 @@ class SubmitOptions:
                 config.router.default_max_tokens if max_tokens is None else max_tokens,
                 0.0 if temperature is None else temperature, 1.0 if top_p is None else top_p,
                 0 if top_k is None else top_k, seed, stop or (), config.router.max_tokens_cap, "")
-            timeout = config.aggregator.timeout_ms if timeout_ms is None else timeout_ms
-            if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
-                raise QuestionError(f"timeout_ms: must be a positive integer, got {timeout!r}")
+            timeout = validate_timeout(config.aggregator.timeout_ms if timeout_ms is None else timeout_ms,
+                                       config.router.timeout_ms_cap, "")
         except QuestionError as err:
             raise InvalidRequestError(str(err)) from None
         if system is not None and not isinstance(system, str):
             raise InvalidRequestError(f"system: must be a string, got {type(system).__name__}")
         defaults = RequestDefaults(sampling.max_tokens, config.router.max_tokens_cap, sampling.temperature, sampling.top_p,
-                                   sampling.top_k, sampling.seed, sampling.stop, timeout, system or config.isolation.system_prompt)
+                                   sampling.top_k, sampling.seed, sampling.stop, timeout, system or config.isolation.system_prompt,
+                                   config.router.timeout_ms_cap)
         return cls(level, min(max_parallel or cap, cap), defaults)
 
 
 def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
-                    config: KevConfig) -> tuple[list[Question], list[Result]]:
+                    config: KevConfig, router: Router) -> tuple[list[Question], list[Result]]:
     questions: list[Question] = []
     errors: list[Result] = []
     for index, raw in enumerate(queries):
         try:
             spec = parse_question(raw, index, options.defaults)
+            normalized = _normalize(spec, router.normalizer)
             prompt_ids = _tokenize(spec, tokenizer, index, config.core.max_context)
         except QuestionError as err:
             errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
                                  isolation=options.isolation, original_text=raw if isinstance(raw, str) else None))
             continue
-        questions.append(_question(spec, prompt_ids, request_id, index, options.isolation, tokenizer))
+        q = _question(spec, prompt_ids, request_id, index, options.isolation, tokenizer)
+        q.normalized_text = normalized
+        q.features = router.describe(spec.original_text if normalized is None else normalized, len(prompt_ids))
+        questions.append(q)
     return questions, errors
+
+
+def _normalize(spec: QuestionSpec, normalizer: Normalizer) -> str | None:
+    """Normalize the question (the last user message) in place; raw prompts are used as they are."""
+    if not spec.messages or spec.messages[-1]["role"] != "user":
+        return None
+    spec.messages[-1]["content"] = normalizer.normalize(spec.messages[-1]["content"])
+    return spec.messages[-1]["content"]
 
 
 def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int) -> list[int]:

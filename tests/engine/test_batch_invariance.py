@@ -25,9 +25,10 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def engine(make_engine):
-    # A small prefill chunk so the long question is cut into several chunks.
+    # A small prefill chunk so the long question is cut into several chunks; round_robin so
+    # every question of a batch gets its own channel and they all share each step.
     return make_engine({"core": {"prefill_chunk": 16, "max_step_tokens": 64}, "router": {"max_parallel_queries": 16,
-                        "channel_pool_size": 24}}, record_logits=True)
+                        "channel_pool_size": 24, "strategy": "round_robin"}}, record_logits=True)
 
 
 @pytest.fixture(scope="module")
