@@ -51,4 +51,5 @@ def _place(scheduler: Scheduler, q: Question, policy: str, lock: threading.Condi
         if remaining <= 0:
             raise OverflowTimeoutError(f"no channel could take question {q.index} within its timeout_ms "
                                        f"(overflow_policy=wait); {describe_load(scheduler)}")
+        lock.notify_all()  # the engine loop may be asleep: what was placed so far is work for it
         lock.wait(remaining)

@@ -126,6 +126,7 @@ class Scheduler:
             self.running.append(q)
             per_request[q.request_id] = per_request.get(q.request_id, 0) + 1
             per_group[group.name] = per_group.get(group.name, 0) + 1
+        self._drain_overflow()  # the queue heads that started left room
 
     def _drain_overflow(self) -> None:
         """Route the overflow FIFO into channels with room, in order (a full group keeps its place)."""

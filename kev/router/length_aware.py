@@ -10,7 +10,7 @@ from kev.router.features import PoolView, QuestionFeatures, least_loaded
 
 def tier_of(num_tokens: int, boundaries: Sequence[int]) -> int:
     """0 for prompts shorter than boundaries[0], 1 below boundaries[1], ..., len(boundaries) above all."""
-    return bisect.bisect_right(boundaries, num_tokens - 1)
+    return bisect.bisect_right(boundaries, num_tokens)
 
 
 class LengthAware:
