@@ -20,8 +20,8 @@ from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
 from kev.engine.engine_setup import EngineParts, build_parts
-from kev.engine.overflow import place_all
 from kev.engine.inputs import QuestionError, RequestDefaults
+from kev.engine.overflow import place_all
 from kev.engine.packer import pack
 from kev.engine.postprocess import Postprocessor
 from kev.engine.request import Request, StreamEvent
@@ -74,16 +74,16 @@ class Engine:
                 raise InvalidRequestError("engine is closed")
             self.requests[request_id] = request
             self.scheduler.request_parallel[request_id] = options.max_parallel
-            for result in errors:
-                self.post.complete_error(request, result)
             request.questions.update((q.index, q) for q in questions)
             try:
                 place_all(self.scheduler, questions, self.config.router.overflow_policy, self._lock)
             except (RejectedError, OverflowTimeoutError):
-                del self.requests[request_id]
+                del self.requests[request_id], self.scheduler.request_parallel[request_id]
                 raise
             finally:
                 self._lock.notify_all()
+            for result in errors:  # only an accepted request has results
+                self.post.complete_error(request, result)
         return request_id
 
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:

@@ -2,7 +2,9 @@
 
 Questions are bound to a channel when they arrive (the router picks it) and wait in that
 channel's queue; each step an idle channel starts its queue head, highest priority first
-across channels, within max_parallel and its group's share of the slots. Decode tokens go first (one per channel), then prefill chunks in admission order
+across channels, within max_parallel and its group's share of the slots.
+
+Decode tokens go first (one per channel), then prefill chunks in admission order
 while the step's token budget lasts. A chunk always ends at a multiple of
 prefill_chunk counted from the question's own start, so how a prompt is cut never
 depends on what else is running (batch invariance).
@@ -11,12 +13,14 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections import Counter
 from dataclasses import dataclass
 from itertools import count
 
 from kev.engine.channel_pool import ChannelPool, queue_order
 from kev.engine.question import Phase, Question
 from kev.isolation.block_manager import BlockManager
+from kev.router.layout import ChannelGroup
 from kev.router.router import Router
 
 
@@ -50,7 +54,10 @@ class Scheduler:
         """Bind the question to a channel queue; False when no channel of its group can take it."""
         if question.arrival is None:
             question.arrival = next(self._arrival)
-        placement = self.router.route(question.features, self.pool)  # type: ignore[arg-type]
+        if question.features is None:  # built outside submit(): describe it from its text here
+            text = question.normalized_text or question.original_text or ""
+            question.features = self.router.describe(text, len(question.prompt_ids))
+        placement = self.router.route(question.features, self.pool)
         if placement is None:
             return False
         question.rerouted = placement.rerouted
@@ -106,27 +113,28 @@ class Scheduler:
 
     def _admit(self) -> None:
         self._drain_overflow()
-        per_request: dict[str, int] = {}
-        per_group: dict[str, int] = {}
-        for q in self.running:
-            group = self.router.layout.group_of(q.channel_id).name  # type: ignore[arg-type]
-            per_request[q.request_id] = per_request.get(q.request_id, 0) + 1
-            per_group[group] = per_group.get(group, 0) + 1
+        per_request = Counter(q.request_id for q in self.running)
+        per_group = Counter(self._group(q).name for q in self.running)
         for q in sorted(self.pool.ready(), key=queue_order):
             if len(self.running) >= self.limits.max_parallel:
                 break
-            group = self.router.layout.group_of(q.channel_id)  # type: ignore[arg-type]
-            cap = self.request_parallel.get(q.request_id, self.limits.max_parallel)
-            if per_group.get(group.name, 0) >= group.slots or per_request.get(q.request_id, 0) >= cap or not self._fits(q):
+            group, cap = self._group(q), self.request_parallel.get(q.request_id, self.limits.max_parallel)
+            if per_group[group.name] >= group.slots or per_request[q.request_id] >= cap or not self._fits(q):
                 continue
-            self.pool.start(q)
-            if not self.limits.reserve_per_channel:
-                self.blocks.promise(q.channel_id, self._max_tokens(q))  # type: ignore[arg-type]
-            q.phase, q.started_at, q.started_mono = Phase.PREFILL, time.time(), time.monotonic()
-            self.running.append(q)
-            per_request[q.request_id] = per_request.get(q.request_id, 0) + 1
-            per_group[group.name] = per_group.get(group.name, 0) + 1
+            self._start(q)
+            per_request[q.request_id] += 1
+            per_group[group.name] += 1
         self._drain_overflow()  # the queue heads that started left room
+
+    def _start(self, q: Question) -> None:
+        self.pool.start(q)
+        if not self.limits.reserve_per_channel:
+            self.blocks.promise(q.channel_id, self._max_tokens(q))  # type: ignore[arg-type]
+        q.phase, q.started_at, q.started_mono = Phase.PREFILL, time.time(), time.monotonic()
+        self.running.append(q)
+
+    def _group(self, q: Question) -> ChannelGroup:
+        return self.router.layout.group_of(q.channel_id)  # type: ignore[arg-type]
 
     def _drain_overflow(self) -> None:
         """Route the overflow FIFO into channels with room, in order (a full group keeps its place)."""

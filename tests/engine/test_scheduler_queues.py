@@ -104,3 +104,10 @@ def test_random_lifecycle_loses_and_duplicates_nothing():
         assert len(s.running) <= 3 and all(len(c.queue) <= 2 for c in s.pool.channels)
         s.blocks.check_integrity()
     assert any(q.rerouted for q in everyone) and any(q.phase is Phase.FINISHED for q in everyone)
+
+
+def test_a_question_without_features_is_described_on_arrival():
+    s = make_scheduler(strategy="semantic_hash")
+    q = Question("r", 0, [1, 2, 3], SamplingParams(2), deadline=1e18, original_text="怎么退款")
+    assert s.add(q) and q.features is not None and q.features.num_tokens == 3
+    assert q.channel_id == q.features.bucket % 4
