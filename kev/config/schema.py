@@ -63,9 +63,11 @@ class CoreConfig(_Section):
     # own start, so chunking never depends on what else runs (batch invariance).
     prefill_chunk: int = Field(128, ge=1)
     max_step_tokens: int = Field(512, ge=1)
-    # Rows of every linear layer run in tiles of this many (padded): a row's bits then
-    # never depend on how many rows share the step.
+    # Rows of every linear layer run in fixed-size tiles (padded): a row's bits then never
+    # depend on how many rows share the step. Decode rows use linear_tile; the body of a
+    # prefill chunk uses prefill_tile (fewer weight reads per row).
     linear_tile: int = Field(16, ge=1, le=1024)
+    prefill_tile: int = Field(64, ge=1, le=4096)
     threads: int | None = Field(None, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=1)
 

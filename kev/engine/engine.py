@@ -32,7 +32,9 @@ log = logging.getLogger("kev.engine")
 
 
 class Engine:
-    def __init__(self, config: KevConfig, parts: EngineParts | None = None, record_logits: bool = False) -> None:
+    def __init__(self, config: KevConfig, parts: EngineParts | None = None, record_logits: bool = False,
+                 background: bool = True) -> None:
+        """background=False: no loop thread; wait() and run_until_idle() drive step() in the caller."""
         self.config = config
         self.parts = parts or build_parts(config)
         self.tokenizer, self.runner, self.scheduler = self.parts.tokenizer, self.parts.runner, self.parts.scheduler
@@ -42,8 +44,10 @@ class Engine:
         self._lock = threading.Condition()
         self._closed = False
         self.stats = EngineStats()
-        self._thread = threading.Thread(target=self._loop, name="kev-engine", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="kev-engine", daemon=True)
+            self._thread.start()
 
     @classmethod
     def from_config(cls, source: ConfigSource = None, **kwargs: Any) -> Engine:
@@ -78,6 +82,8 @@ class Engine:
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
         """Block until every question of the request has a result; ordered by aggregator.mode."""
         request = self._request(request_id)
+        if self._thread is None:
+            self.run_until_idle()
         if not request.done.wait(timeout):
             raise TimeoutError(f"request {request_id}: {len(request.results)}/{request.num_questions} results after {timeout}s")
         return self.results(request_id)
@@ -113,7 +119,8 @@ class Engine:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
 
     def __enter__(self) -> Engine:
         return self
@@ -130,7 +137,7 @@ class Engine:
             work = self.scheduler.schedule()
         if not work:
             return 0
-        meta = pack(work, self.parts.blocks, self.runner.model.tile, self.runner.device)
+        meta = pack(work, self.parts.blocks, self.runner.plan, self.runner.device)
         logits = self.runner.run(meta)
         sampling = [w.question for w in work if w.samples]
         tokens = sample(logits, sampling)
@@ -163,6 +170,10 @@ class Engine:
     def queue_length(self) -> int:
         with self._lock:
             return len(self.scheduler.waiting)
+
+    def run_until_idle(self) -> None:
+        while self.scheduler.has_work():
+            self.step()
 
     def _loop(self) -> None:
         while True:

@@ -12,6 +12,7 @@ import torch
 from kev.config import KevConfig
 from kev.engine.channel_pool import ChannelPool
 from kev.engine.model_runner import ModelRunner
+from kev.engine.packer import TilePlan
 from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.errors import ConfigError
 from kev.isolation.block_manager import BlockManager
@@ -66,7 +67,7 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     if unified:
         for channel in range(router.channel_pool_size):
             blocks.reserve(channel, core.max_context)
-    runner = ModelRunner(model, num_blocks, core.block_size)
+    runner = ModelRunner(model, num_blocks, core.block_size, TilePlan(core.linear_tile, core.prefill_tile))
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
     limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context, unified)

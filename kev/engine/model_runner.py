@@ -6,14 +6,15 @@ import platform
 
 import torch
 
+from kev.engine.packer import TilePlan
 from kev.model.attention import PagedKVLayer
 from kev.model.llama import LlamaModel
 from kev.model.step_metadata import StepMetadata
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
-        self.model = model
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: TilePlan) -> None:
+        self.model, self.plan = model, plan
         cfg = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -21,7 +22,7 @@ class ModelRunner:
             PagedKVLayer(num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
             for _ in range(cfg.num_layers)
         ]
-        self.fingerprint = numerics_fingerprint(self.dtype, self.device, model.tile)
+        self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan)
 
     @torch.inference_mode()
     def run(self, meta: StepMetadata) -> torch.Tensor:
@@ -34,8 +35,8 @@ class ModelRunner:
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
 
 
-def numerics_fingerprint(dtype: torch.dtype, device: torch.device, tile: int) -> str:
+def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan) -> str:
     """A short hash of everything that decides the bits of an answer."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
-    parts = [str(dtype), device.type, device_kind, f"tile={tile}", "attn=paged-per-channel-sdpa", torch.__version__]
+    parts = [str(dtype), device.type, device_kind, f"tiles={plan.small}/{plan.big}", "attn=paged-per-channel-sdpa", torch.__version__]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

@@ -84,9 +84,7 @@ class Postprocessor:
 
     def expire_deadlines(self) -> None:
         now = time.monotonic()
-        expired = [q for q in self.scheduler.running if now > q.deadline]
-        expired += [item[2] for item in self.scheduler.waiting if now > item[2].deadline]
-        for q in expired:
+        for q in [q for q in self.scheduler.running if now > q.deadline]:  # type: ignore[operator]
             self.scheduler.finish(q, "timeout", "timeout", f"timeout_ms passed after {len(q.output_ids)} tokens")
             self.complete(q)
 

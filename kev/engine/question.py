@@ -34,7 +34,7 @@ class Question:
     index: int
     prompt_ids: list[int]
     sampling: SamplingParams
-    deadline: float  # time.monotonic() after which it times out
+    timeout_ms: int  # counted from the moment the question enters its channel
     priority: int = 0
     isolation: str = "strict"
     original_text: str | None = None
@@ -55,6 +55,11 @@ class Question:
     generator: Any = None  # torch.Generator when sampling with a seed
     decoder: Any = None  # IncrementalDecoder for text deltas
     logits: list[Any] = field(default_factory=list)
+
+    @property
+    def deadline(self) -> float | None:
+        """time.monotonic() after which the question times out; None while it waits for a channel."""
+        return None if self.started_mono is None else self.started_mono + self.timeout_ms / 1000
 
     @property
     def all_ids(self) -> list[int]:

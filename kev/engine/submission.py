@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +83,7 @@ def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context:
 
 def _question(spec: QuestionSpec, prompt_ids: list[int], request_id: str, index: int, isolation: str,
               tokenizer: Tokenizer) -> Question:
-    q = Question(request_id, index, prompt_ids, spec.sampling, time.monotonic() + spec.timeout_ms / 1000,
+    q = Question(request_id, index, prompt_ids, spec.sampling, spec.timeout_ms,
                  spec.priority, isolation, spec.original_text)
     if not spec.sampling.is_greedy:
         seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)

@@ -26,9 +26,8 @@ def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata
 ) -> torch.Tensor:
     """q: [num_rows, heads, dim]; k, v: [num_rows, kv_heads, dim] for the new tokens. Returns [num_rows, heads, dim]."""
-    real = meta.num_tokens
-    cache.k.index_copy_(0, meta.slot_mapping, k[:real])
-    cache.v.index_copy_(0, meta.slot_mapping, v[:real])
+    cache.k.index_copy_(0, meta.slot_mapping, k.index_select(0, meta.token_rows))
+    cache.v.index_copy_(0, meta.slot_mapping, v.index_select(0, meta.token_rows))
     out = torch.zeros_like(q)
     for span in meta.spans:
         rows = slice(span.q_start, span.q_start + span.q_len)

@@ -26,9 +26,14 @@ class ChannelSpan:
 
 @dataclass
 class StepMetadata:
-    input_ids: torch.Tensor  # [num_rows] padded to a multiple of the linear tile
+    input_ids: torch.Tensor  # [num_rows]: real tokens plus zero padding that fills each tile
     positions: torch.Tensor  # [num_rows] restart at 0 in every channel
-    num_tokens: int  # real (unpadded) rows
-    slot_mapping: torch.Tensor  # [num_tokens] cache slot where each new token's K/V goes
+    tiles: list[int]  # row-tile sizes in order, sum == num_rows (see TiledLinear)
+    token_rows: torch.Tensor  # [num_tokens] rows holding real tokens
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot where each real token's K/V goes
     spans: list[ChannelSpan]
     sample_rows: torch.Tensor  # [num_samples] rows whose next-token logits are needed
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slot_mapping.numel()
