@@ -20,10 +20,10 @@ def make_engine(default_model):
 
     engines: list[kev.Engine] = []
 
-    def make(overrides: dict | None = None, record_logits: bool = False) -> kev.Engine:
+    def make(overrides: dict | None = None, record_logits: bool = False, background: bool = True) -> kev.Engine:
         config = kev.load_config(overrides or {})
         model, tokenizer = default_model
-        engine = kev.Engine(config, build_parts(config, model, tokenizer), record_logits=record_logits)
+        engine = kev.Engine(config, build_parts(config, model, tokenizer), record_logits=record_logits, background=background)
         engines.append(engine)
         return engine
 
