@@ -42,7 +42,7 @@ def test_unified_reserves_max_context_and_answers_the_same(make_engine):
 def test_reused_channel_starts_empty(make_engine):
     engine = make_engine({"router": {"channel_pool_size": 1, "max_parallel_queries": 1}})
     first = engine.generate(["Tell me a secret word: PELICAN-42."], max_tokens=8, timeout=300)[0]
-    second = engine.generate(["What word did I just tell you?"], max_tokens=8, timeout=300)[0], None
+    second = engine.generate(["What word did I just tell you?"], max_tokens=8, timeout=300)[0]
     fresh = make_engine({"router": {"channel_pool_size": 1, "max_parallel_queries": 1}})
     alone = fresh.generate(["What word did I just tell you?"], max_tokens=8, timeout=300)[0]
     assert first.channel_id == second.channel_id == 0
