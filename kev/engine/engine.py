@@ -57,10 +57,11 @@ class Engine:
     def submit(self, queries: list[Any], isolation: str | None = None, max_parallel: int | None = None,
                max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
                top_k: int | None = None, seed: int | None = None, stop: list[str] | str | None = None,
-               timeout_ms: int | None = None, system: str | None = None) -> str:
+               timeout_ms: int | None = None, system: str | None = None, ignore_eos: bool | None = None) -> str:
         """Queue the questions; returns a request_id at once. Bad questions become error results."""
-        options = SubmitOptions.validate(self.config, isolation, max_parallel, max_tokens, temperature,
-                                         top_p, top_k, seed, stop, timeout_ms, system)
+        sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                    "seed": seed, "stop": stop, "ignore_eos": ignore_eos}
+        options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
         request_id = uuid.uuid4().hex[:16]

@@ -11,7 +11,8 @@ from typing import Any
 
 from kev.engine.question import SamplingParams
 
-OVERRIDES = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "timeout_ms", "priority"}
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+OVERRIDES = {*SAMPLING_FIELDS, "timeout_ms", "priority"}
 CONTENT_KEYS = ("text", "messages", "prompt")
 
 
@@ -21,13 +22,8 @@ class QuestionError(ValueError):
 
 @dataclass
 class RequestDefaults:
-    max_tokens: int
+    sampling: SamplingParams
     max_tokens_cap: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
     timeout_ms: int = 10000
     system: str | None = None
 
@@ -71,13 +67,17 @@ def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionS
     if messages is not None and defaults.system and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": defaults.system}, *messages]
     original = prompt if prompt is not None else messages[-1]["content"]  # type: ignore[index]
-    return QuestionSpec(messages, prompt, original, _sampling(options, defaults, where),
+    sampling = validate_sampling(options, defaults.sampling, defaults.max_tokens_cap, where + ".")
+    return QuestionSpec(messages, prompt, original, sampling,
                         _int(options.get("timeout_ms", defaults.timeout_ms), f"{where}.timeout_ms", 1),
                         _int(options.get("priority", 0), f"{where}.priority", None))
 
 
-def validate_sampling(max_tokens: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, stop: Any, cap: int, where: str) -> SamplingParams:
-    """Shared by request-level and question-level overrides so both give the same messages."""
+def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, where: str) -> SamplingParams:
+    """base with the given overrides applied; shared by request- and question-level checks so both give the same messages."""
+    pick = lambda key: values[key] if values.get(key) is not None else getattr(base, key)  # noqa: E731
+    max_tokens, temperature, top_p, top_k = pick("max_tokens"), pick("temperature"), pick("top_p"), pick("top_k")
+    seed, stop, ignore_eos = pick("seed"), pick("stop"), pick("ignore_eos")
     max_tokens = _int(max_tokens, f"{where}max_tokens", 1)
     if max_tokens > cap:
         raise QuestionError(f"{where}max_tokens: {max_tokens} exceeds the cap router.max_tokens_cap={cap}")
@@ -92,13 +92,9 @@ def validate_sampling(max_tokens: Any, temperature: Any, top_p: Any, top_k: Any,
         stop = (stop,)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise QuestionError(f"{where}stop: must be a non-empty string or a list of them")
-    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop))
-
-
-def _sampling(options: dict[str, Any], d: RequestDefaults, where: str) -> SamplingParams:
-    pick = lambda key, default: options.get(key, default)  # noqa: E731
-    return validate_sampling(pick("max_tokens", d.max_tokens), pick("temperature", d.temperature), pick("top_p", d.top_p),
-                             pick("top_k", d.top_k), pick("seed", d.seed), pick("stop", d.stop), d.max_tokens_cap, where + ".")
+    if not isinstance(ignore_eos, bool):
+        raise QuestionError(f"{where}ignore_eos: must be true or false, got {ignore_eos!r}")
+    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos)
 
 
 def _text(value: Any, where: str) -> str:

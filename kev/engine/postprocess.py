@@ -38,7 +38,7 @@ class Postprocessor:
                 self._emit(q, final=False)
 
     def _stop_reason(self, q: Question, token: int) -> str | None:
-        if token in self.eos_ids:
+        if token in self.eos_ids and not q.sampling.ignore_eos:
             return "stop"
         q.text += q.decoder.push(token)
         for stop in q.sampling.stop:

@@ -15,6 +15,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
 
     @property
     def is_greedy(self) -> bool:

@@ -11,7 +11,7 @@ from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
 from kev.engine.inputs import QuestionError, QuestionSpec, RequestDefaults, parse_question, validate_sampling
-from kev.engine.question import Question
+from kev.engine.question import Question, SamplingParams
 from kev.errors import InvalidRequestError
 from kev.model.tokenizer import Tokenizer
 
@@ -23,9 +23,8 @@ class SubmitOptions:
     defaults: RequestDefaults
 
     @classmethod
-    def validate(cls, config: KevConfig, isolation: str | None, max_parallel: int | None, max_tokens: int | None,
-                 temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
-                 stop: list[str] | str | None, timeout_ms: int | None, system: str | None) -> SubmitOptions:
+    def validate(cls, config: KevConfig, isolation: str | None, max_parallel: int | None, timeout_ms: int | None,
+                 system: str | None, sampling: dict[str, Any]) -> SubmitOptions:
         level = isolation or config.isolation.level
         if level not in ISOLATION_ORDER:
             raise InvalidRequestError(f"isolation: unknown level {level!r} (strict, shared, loose)")
@@ -34,11 +33,9 @@ class SubmitOptions:
         cap = config.router.max_parallel_queries
         if max_parallel is not None and (isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1):
             raise InvalidRequestError(f"max_parallel: must be a positive integer, got {max_parallel!r}")
+        base = SamplingParams(max_tokens=config.router.default_max_tokens)
         try:
-            sampling = validate_sampling(
-                config.router.default_max_tokens if max_tokens is None else max_tokens,
-                0.0 if temperature is None else temperature, 1.0 if top_p is None else top_p,
-                0 if top_k is None else top_k, seed, stop or (), config.router.max_tokens_cap, "")
+            params = validate_sampling(sampling, base, config.router.max_tokens_cap, "")
             timeout = config.aggregator.timeout_ms if timeout_ms is None else timeout_ms
             if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
                 raise QuestionError(f"timeout_ms: must be a positive integer, got {timeout!r}")
@@ -46,8 +43,7 @@ class SubmitOptions:
             raise InvalidRequestError(str(err)) from None
         if system is not None and not isinstance(system, str):
             raise InvalidRequestError(f"system: must be a string, got {type(system).__name__}")
-        defaults = RequestDefaults(sampling.max_tokens, config.router.max_tokens_cap, sampling.temperature, sampling.top_p,
-                                   sampling.top_k, sampling.seed, sampling.stop, timeout, system or config.isolation.system_prompt)
+        defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout, system or config.isolation.system_prompt)
         return cls(level, min(max_parallel or cap, cap), defaults)
 
 
