@@ -18,12 +18,20 @@ from kev.model.step_metadata import ChannelSpan, StepMetadata
 
 @dataclass(frozen=True)
 class TilePlan:
-    small: int  # decode rows and the tail of a prefill chunk
+    small: int  # decode rows
     big: int  # the body of a prefill chunk
 
     def for_chunk(self, length: int) -> list[int]:
+        """Big tiles, then one tile (small, 2×small, … up to big) for the rest: one padded
+        GEMM reads the weights once, which costs less than several small ones."""
         body, tail = divmod(length, self.big)
-        return [self.big] * body + [self.small] * -(-tail // self.small)
+        tiles = [self.big] * body
+        if tail:
+            tile = self.small
+            while tile < tail:
+                tile = min(tile * 2, self.big)
+            tiles.append(tile)
+        return tiles
 
     def for_decode(self, num_rows: int) -> list[int]:
         return [self.small] * -(-num_rows // self.small)
