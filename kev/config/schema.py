@@ -47,10 +47,32 @@ ISOLATION_ORDER: dict[str, int] = {"strict": 0, "shared": 1, "loose": 2}
 
 
 class IsolationConfig(_Section):
-    level: IsolationLevel = "strict"
-    shared_prefix: bool = True
+    level: IsolationLevel = "strict"  # the loosest level a request may ask for
+    shared_prefix: bool = True  # compute a declared common system prompt once per request
     kv_cache: Literal["split", "unified", "shared_readonly"] = "split"
-    system_prompt: str | None = None
+    system_prompt: str | None = None  # declared by the operator; under loose, cached across requests
+    shadow_rate: float = Field(0.0, ge=0.0, le=1.0)  # share of questions re-run alone to verify isolation
+
+    @model_validator(mode="after")
+    def _consistent(self) -> IsolationConfig:
+        sharing = self.level in ("shared", "loose")
+        if sharing and self.kv_cache != "shared_readonly":
+            raise ValueError(f"isolation.level={self.level!r} shares prefix blocks read-only, which needs "
+                             f"isolation.kv_cache='shared_readonly' (got {self.kv_cache!r})")
+        if not sharing and self.kv_cache == "shared_readonly":
+            raise ValueError("isolation.kv_cache='shared_readonly' needs isolation.level 'shared' or 'loose' "
+                             f"(got {self.level!r}: strict never shares a block)")
+        if sharing and not self.shared_prefix:
+            raise ValueError(f"isolation.level={self.level!r} needs isolation.shared_prefix: true")
+        if self.level == "loose" and not self.system_prompt:
+            raise ValueError("isolation.level='loose' reuses only the prefix the operator declares public: "
+                             "set isolation.system_prompt (isolation.shared_prefix is true)")
+        return self
+
+
+class AuditConfig(_Section):
+    path: str | None = None  # JSON lines; None keeps the checks but writes nothing
+    level: Literal["summary", "full"] = "summary"  # full adds every channel's block ids per step
 
 
 class CoreConfig(_Section):
@@ -91,3 +113,4 @@ class KevConfig(_Section):
     isolation: IsolationConfig = IsolationConfig()
     core: CoreConfig = CoreConfig()
     aggregator: AggregatorConfig = AggregatorConfig()
+    audit: AuditConfig = AuditConfig()

@@ -136,15 +136,19 @@ class Engine:
         with self._lock:
             self.post.expire_deadlines()
             work = self.scheduler.schedule()
+            copies = self.scheduler.prefixes.take_copies()
         if not work:
             return 0
         meta = pack(work, self.parts.blocks, self.runner.plan, self.runner.device)
+        self.runner.copy_slots(copies)
         logits = self.runner.run(meta)
         sampling = [w.question for w in work if w.samples]
         tokens = sample(logits, sampling)
         with self._lock:
             self.post.apply(work, sampling, tokens, logits)
-        self.stats.record(len(work), meta.num_tokens, len(tokens), (time.perf_counter() - started) * 1000)
+            self.scheduler.prefixes.after_step()
+        prefix_tokens = sum(w.length for w in work if w.question.index < 0)
+        self.stats.record(len(work), meta.num_tokens, len(tokens), (time.perf_counter() - started) * 1000, prefix_tokens)
         return meta.num_tokens
 
     @property

@@ -13,9 +13,11 @@ from kev.config import KevConfig
 from kev.engine.channel_pool import ChannelPool
 from kev.engine.model_runner import ModelRunner
 from kev.engine.packer import TilePlan
+from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.errors import ConfigError
 from kev.isolation.block_manager import BlockManager
+from kev.isolation.prefix_store import PrefixStore
 from kev.model.llama import LlamaModel
 from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
@@ -72,4 +74,5 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
     limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context, unified)
     pool = ChannelPool(router.channel_pool_size)
-    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool))
+    prefixes = PrefixJobs(blocks, PrefixStore(blocks))
+    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool, prefixes))

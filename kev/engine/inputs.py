@@ -26,6 +26,7 @@ class RequestDefaults:
     max_tokens_cap: int
     timeout_ms: int = 10000
     system: str | None = None
+    system_is_public: bool = False  # the operator's config system prompt, not the caller's
 
 
 @dataclass

@@ -29,6 +29,16 @@ class ModelRunner:
         """fp32 logits [num_samples, vocab] for meta.sample_rows."""
         return self.model(meta, self.caches)
 
+    @torch.inference_mode()
+    def copy_slots(self, copies: list[tuple[list[int], list[int]]]) -> None:
+        """Copy K/V between cache slots in every layer (a shared prefix into a channel's private blocks)."""
+        for source, destination in copies:
+            src = torch.tensor(source, dtype=torch.long, device=self.device)
+            dst = torch.tensor(destination, dtype=torch.long, device=self.device)
+            for cache in self.caches:
+                cache.k.index_copy_(0, dst, cache.k.index_select(0, src))
+                cache.v.index_copy_(0, dst, cache.v.index_select(0, src))
+
     @property
     def kv_bytes_per_token(self) -> int:
         cfg = self.model.config

@@ -39,11 +39,15 @@ class Question:
     priority: int = 0
     isolation: str = "strict"
     original_text: str | None = None
+    prefix_ids: list[int] = field(default_factory=list)  # declared shared prefix (system prompt), if any
+    prefix_public: bool = False  # the prefix is the operator's config system prompt (loose may cache it)
     submitted_at: float = field(default_factory=time.time)
     # --- filled in as it runs ---
     phase: Phase = Phase.WAITING
     channel_id: int | None = None
     num_computed: int = 0  # tokens whose K/V are in the channel's cache
+    prefix: Any = None  # PrefixEntry until the question has attached it
+    prefix_len: int = 0  # tokens of prefix attached; chunking restarts there
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     started_at: float | None = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from itertools import count
 
 from kev.engine.channel_pool import ChannelPool
+from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.question import Phase, Question
 from kev.isolation.block_manager import BlockManager
 
@@ -34,33 +35,36 @@ class SchedulerLimits:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, pool: ChannelPool) -> None:
-        self.limits, self.blocks, self.pool = limits, blocks, pool
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, pool: ChannelPool, prefixes: PrefixJobs) -> None:
+        self.limits, self.blocks, self.pool, self.prefixes = limits, blocks, pool, prefixes
         self.waiting: list[tuple[int, int, Question]] = []  # (-priority, arrival, question)
         self.running: list[Question] = []
         self._arrival = count()
         self.request_parallel: dict[str, int] = {}  # request_id -> its max_parallel cap
 
     def add(self, question: Question) -> None:
+        if question.prefix_ids:
+            self.prefixes.register(question)
         self.waiting.append((-question.priority, next(self._arrival), question))
         self.waiting.sort(key=lambda item: item[:2])
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.prefixes.jobs)
 
     def schedule(self) -> list[Work]:
         self._admit()
         decode = [Work(q, q.num_computed, 1, True) for q in self.running if q.phase is Phase.DECODE]
         budget = self.limits.max_step_tokens - len(decode)
         prefill: list[Work] = []
-        for q in self.running:
+        for q in [job for job, _ in self.prefixes.jobs] + self.running:
             if q.phase is not Phase.PREFILL:
                 continue
-            end = min((q.num_computed // self.limits.prefill_chunk + 1) * self.limits.prefill_chunk, len(q.prompt_ids))
+            chunk, origin = self.limits.prefill_chunk, q.prefix_len  # chunks restart after an attached prefix
+            end = min(origin + ((q.num_computed - origin) // chunk + 1) * chunk, len(q.prompt_ids))
             length = end - q.num_computed
             if length > budget and (decode or prefill):
                 break  # FIFO: a later prompt never overtakes an earlier one
-            prefill.append(Work(q, q.num_computed, length, end == len(q.prompt_ids)))
+            prefill.append(Work(q, q.num_computed, length, end == len(q.prompt_ids) and q.index >= 0))
             budget -= length
         work = decode + prefill
         for w in work:
@@ -80,6 +84,7 @@ class Scheduler:
             self.pool.release(question.channel_id)  # type: ignore[arg-type]
         else:
             self.waiting = [item for item in self.waiting if item[2] is not question]
+            self.prefixes.forget(question)
 
     def _admit(self) -> None:
         running_per_request: dict[str, int] = {}
@@ -89,7 +94,7 @@ class Scheduler:
         for item in self.waiting:
             q = item[2]
             cap = self.request_parallel.get(q.request_id, self.limits.max_parallel)
-            ready = (len(self.running) < self.limits.max_parallel
+            ready = (len(self.running) < self.limits.max_parallel and self.prefixes.is_ready(q)
                      and running_per_request.get(q.request_id, 0) < cap and self._fits(q))
             channel = self.pool.acquire(q) if ready else None
             if channel is None:
@@ -98,6 +103,8 @@ class Scheduler:
             q.channel_id = channel
             if not self.limits.reserve_per_channel:
                 self.blocks.promise(q.channel_id, self._max_tokens(q))
+            if q.prefix is not None:
+                self.prefixes.attach(q)
             q.phase, q.started_at, q.started_mono = Phase.PREFILL, time.time(), time.monotonic()
             self.running.append(q)
             running_per_request[q.request_id] = running_per_request.get(q.request_id, 0) + 1
@@ -107,4 +114,7 @@ class Scheduler:
         return min(len(q.prompt_ids) + q.sampling.max_tokens, self.limits.max_context)
 
     def _fits(self, q: Question) -> bool:
-        return self.limits.reserve_per_channel or self.blocks.can_promise(self._max_tokens(q))
+        if self.limits.reserve_per_channel or self.blocks.can_promise(self._max_tokens(q)):
+            return True
+        # Idle cached prefixes (loose) give way to live questions.
+        return self.prefixes.store.evict(self.blocks.blocks_for(self._max_tokens(q))) and self.blocks.can_promise(self._max_tokens(q))

@@ -43,7 +43,8 @@ class SubmitOptions:
             raise InvalidRequestError(str(err)) from None
         if system is not None and not isinstance(system, str):
             raise InvalidRequestError(f"system: must be a string, got {type(system).__name__}")
-        defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout, system or config.isolation.system_prompt)
+        defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout, system or config.isolation.system_prompt,
+                                   system_is_public=system is None and config.isolation.system_prompt is not None)
         return cls(level, min(max_parallel or cap, cap), defaults)
 
 
@@ -59,8 +60,19 @@ def build_questions(queries: list[Any], request_id: str, options: SubmitOptions,
             errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
                                  isolation=options.isolation, original_text=raw if isinstance(raw, str) else None))
             continue
-        questions.append(_question(spec, prompt_ids, request_id, index, options.isolation, tokenizer))
+        q = _question(spec, prompt_ids, request_id, index, options.isolation, tokenizer)
+        if config.isolation.shared_prefix and options.defaults.system and spec.messages:
+            q.prefix_ids = _prefix_ids(tokenizer, options.defaults.system, prompt_ids)
+            q.prefix_public = options.defaults.system_is_public
+        questions.append(q)
     return questions, errors
+
+
+def _prefix_ids(tokenizer: Tokenizer, system: str, prompt_ids: list[int]) -> list[int]:
+    """The tokens of the rendered system turn, when they are exactly the start of the prompt."""
+    text = tokenizer.render_chat([{"role": "system", "content": system}], add_generation_prompt=False)
+    ids = tokenizer.encode(text)
+    return ids if 0 < len(ids) < len(prompt_ids) and prompt_ids[: len(ids)] == ids else []
 
 
 def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int) -> list[int]:
