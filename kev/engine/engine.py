@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
 from kev.engine.engine_setup import EngineParts, build_parts
-from kev.engine.inputs import QuestionError, RequestDefaults
+from kev.engine.isolation_guard import IsolationGuard
 from kev.engine.packer import pack
 from kev.engine.postprocess import Postprocessor
 from kev.engine.request import Request, StreamEvent
@@ -27,6 +27,8 @@ from kev.engine.sampler import sample
 from kev.engine.stats import EngineStats
 from kev.engine.submission import SubmitOptions, build_questions
 from kev.errors import InvalidRequestError, UnknownRequestError
+from kev.isolation.audit import Alert, AuditLog
+from kev.model.step_metadata import StepMetadata
 
 log = logging.getLogger("kev.engine")
 
@@ -40,7 +42,11 @@ class Engine:
         self.tokenizer, self.runner, self.scheduler = self.parts.tokenizer, self.parts.runner, self.parts.scheduler
         self.record_logits = record_logits
         self.requests: dict[str, Request] = {}
-        self.post = Postprocessor(self.parts, self.requests, record_logits)
+        self.audit = AuditLog(config.audit.path, config.audit.level)
+        self.parts.blocks.on_change = self.audit.on_blocks
+        self.post = Postprocessor(self.parts, self.requests, record_logits, self.audit)
+        self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler, self.post)
+        self.metadata_hook: Callable[[StepMetadata], None] | None = None
         self._lock = threading.Condition()
         self._closed = False
         self.stats = EngineStats()
@@ -73,6 +79,8 @@ class Engine:
             self.requests[request_id] = request
             self.scheduler.request_parallel[request_id] = options.max_parallel
             for result in errors:
+                if result.error and "core.max_context" in result.error:
+                    self.audit.alert(Alert("context_overflow", f"request {request_id}: {result.error}"))
                 self.post.complete_error(request, result)
             for q in questions:
                 request.questions[q.index] = q
@@ -136,11 +144,14 @@ class Engine:
         with self._lock:
             self.post.expire_deadlines()
             work = self.scheduler.schedule()
-            copies = self.scheduler.prefixes.take_copies()
-        if not work:
-            return 0
-        meta = pack(work, self.parts.blocks, self.runner.plan, self.runner.device)
-        self.runner.copy_slots(copies)
+            if not work:
+                return 0
+            self.runner.copy_slots(self.scheduler.prefixes.take_copies())
+            meta = pack(work, self.parts.blocks, self.runner.plan, self.runner.device)
+            if self.metadata_hook is not None:  # fault injection in tests
+                self.metadata_hook(meta)
+            if not self.guard.check(meta):
+                return 0
         logits = self.runner.run(meta)
         sampling = [w.question for w in work if w.samples]
         tokens = sample(logits, sampling)

@@ -74,7 +74,8 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
             q_start = rows.add(q.all_ids[w.start:end], w.start)
             slot_mapping.extend(blocks.slots(channel, w.start, end))
             kv_slots = torch.tensor(blocks.slots(channel, 0, end), dtype=torch.long, device=device)
-            spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device), w.start == 0))
+            spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device), w.start == 0,
+                                     q.prefix_len))
             if w.samples:
                 sample_rows.append(q_start + w.length - 1)
         if group:

@@ -10,11 +10,12 @@ from kev.engine.engine_setup import EngineParts
 from kev.engine.question import Phase, Question
 from kev.engine.request import Request, StreamEvent
 from kev.engine.scheduler import Work
+from kev.isolation.audit import Alert, AuditLog
 
 
 class Postprocessor:
-    def __init__(self, parts: EngineParts, requests: dict[str, Request], record_logits: bool) -> None:
-        self.scheduler, self.requests, self.record_logits = parts.scheduler, requests, record_logits
+    def __init__(self, parts: EngineParts, requests: dict[str, Request], record_logits: bool, audit: AuditLog) -> None:
+        self.scheduler, self.requests, self.record_logits, self.audit = parts.scheduler, requests, record_logits, audit
         self.eos_ids = set(parts.tokenizer.eos_token_ids) | set(parts.runner.model.config.eos_token_ids)
         self.max_context = parts.scheduler.limits.max_context
         self.fingerprint = parts.runner.fingerprint
@@ -46,7 +47,11 @@ class Postprocessor:
             if cut >= 0:
                 q.text = q.text[:cut]
                 return "stop"
-        if len(q.output_ids) >= q.sampling.max_tokens or q.num_tokens >= self.max_context:
+        if len(q.output_ids) >= q.sampling.max_tokens:
+            return "length"
+        if q.num_tokens >= self.max_context:
+            self.audit.alert(Alert("truncation_near_boundary", f"request {q.request_id} question {q.index}: answer cut "
+                                   f"at channel {q.channel_id}'s context boundary ({self.max_context} tokens)", []))
             return "length"
         return None
 

@@ -10,6 +10,9 @@ be read-only (a finished shared prefix); anything else is an isolation bug.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+
+BlockEvent = Callable[[str, int, list[int]], None]  # (event "alloc" | "release", owner, block ids)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -17,8 +20,9 @@ class OutOfBlocksError(RuntimeError):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, on_change: BlockEvent | None = None) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.on_change = on_change
         self._free: deque[int] = deque(range(num_blocks))
         self._ref_counts = [0] * num_blocks
         self._tables: dict[int, list[int]] = {}
@@ -65,10 +69,12 @@ class BlockManager:
         needed = self.blocks_for(num_tokens) - len(table)
         if needed > len(self._free):
             raise OutOfBlocksError(f"channel {channel_id} needs {needed} more KV blocks, {len(self._free)} free")
-        for _ in range(needed):
-            block = self._free.popleft()
+        taken = [self._free.popleft() for _ in range(max(0, needed))]
+        for block in taken:
             self._ref_counts[block] += 1
             table.append(block)
+        if taken and self.on_change:
+            self.on_change("alloc", channel_id, taken)
 
     def share(self, owner: int, blocks: list[int]) -> None:
         """Append read-only blocks of a shared prefix to the owner's table (ref counted)."""
@@ -94,6 +100,8 @@ class BlockManager:
                 self.read_only.discard(block)
                 self._free.append(block)
                 freed.append(block)
+        if freed and self.on_change:
+            self.on_change("release", channel_id, freed)
         return freed
 
     def owners(self) -> dict[int, list[int]]:

@@ -22,6 +22,7 @@ class ChannelSpan:
     kv_slots: torch.Tensor  # [ctx_len] cache slots of those keys, in position order
     attn_mask: torch.Tensor | None  # [q_len, ctx_len] bool; None when is_causal or q_len == 1
     is_causal: bool  # the chunk starts at position 0 (q_len == ctx_len): plain causal
+    prefix_len: int = 0  # leading keys that are an attached shared prefix (the audit's allowed span)
 
 
 @dataclass
