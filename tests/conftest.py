@@ -21,7 +21,8 @@ def make_engine(default_model):
     engines: list[kev.Engine] = []
 
     def make(overrides: dict | None = None, record_logits: bool = False, background: bool = True) -> kev.Engine:
-        config = kev.load_config(overrides or {})
+        # Generous timeouts: CI machines are slow and shared; timeouts have their own tests.
+        config = kev.load_config({"aggregator": {"timeout_ms": 600_000}}, overrides or {})
         model, tokenizer = default_model
         engine = kev.Engine(config, build_parts(config, model, tokenizer), record_logits=record_logits, background=background)
         engines.append(engine)
