@@ -10,12 +10,14 @@ from kev.engine.engine_setup import EngineParts
 from kev.engine.question import Phase, Question
 from kev.engine.request import Request, StreamEvent
 from kev.engine.scheduler import Work
+from kev.engine.submission import shadow_copy
 from kev.isolation.audit import Alert, AuditLog
 
 
 class Postprocessor:
     def __init__(self, parts: EngineParts, requests: dict[str, Request], record_logits: bool, audit: AuditLog) -> None:
         self.scheduler, self.requests, self.record_logits, self.audit = parts.scheduler, requests, record_logits, audit
+        self.tokenizer = parts.tokenizer
         self.eos_ids = set(parts.tokenizer.eos_token_ids) | set(parts.runner.model.config.eos_token_ids)
         self.max_context = parts.scheduler.limits.max_context
         self.fingerprint = parts.runner.fingerprint
@@ -29,7 +31,7 @@ class Postprocessor:
                 continue
             q.phase = Phase.DECODE
             q.output_ids.append(token)
-            if self.record_logits:
+            if self.record_logits or q.shadow or q.shadow_of is not None:
                 q.logits.append(logits[row].clone())
             reason = self._stop_reason(q, token)
             if reason:
@@ -57,6 +59,8 @@ class Postprocessor:
 
     def _emit(self, q: Question, final: bool) -> None:
         """Send the text not yet streamed; hold back what could still become a stop string."""
+        if q.shadow_of is not None:
+            return  # a shadow re-run streams nothing
         held = 0 if final else max((len(s) - 1 for s in q.sampling.stop), default=0)
         safe = len(q.text) - held
         sent = getattr(q, "_sent", 0)
@@ -79,9 +83,33 @@ class Postprocessor:
             elapsed_ms=round(elapsed, 3), started_at=q.started_at, finished_at=q.finished_at,
             finish_reason=q.finish_reason, status=q.status, error=q.error, isolation=q.isolation,  # type: ignore[arg-type]
             strategy=self.strategy, original_text=q.original_text, numerics_fingerprint=self.fingerprint,
-            logits=torch.stack(q.logits) if q.logits else None,
+            logits=torch.stack(q.logits) if q.logits and self.record_logits else None,
         )
-        self.requests[q.request_id].add_result(result)
+        if q.shadow_of is not None:
+            self._verify(q.shadow_of, q)
+        elif q.shadow and q.status == "ok":
+            q.held_result = result  # delivered once the shadow re-run has verified it
+            self.scheduler.add(shadow_copy(q, self.tokenizer))
+        else:
+            self.requests[q.request_id].add_result(result)
+
+    def _verify(self, original: Question, shadow: Question) -> None:
+        """Compare the packed answer with its solo re-run, token by token and logit by logit."""
+        steps = max(len(original.output_ids), len(shadow.output_ids))
+        first_diff = next((i for i in range(steps) if i >= len(original.output_ids) or i >= len(shadow.output_ids)
+                           or original.output_ids[i] != shadow.output_ids[i]
+                           or not torch.equal(original.logits[i], shadow.logits[i])), None)
+        verified = shadow.status == "ok" and first_diff is None
+        result = original.held_result
+        result.isolation_verified = verified
+        self.audit.write("shadow", request_id=original.request_id, index=original.index,
+                         channel_id=original.channel_id, isolation_verified=verified, first_differing_step=first_diff)
+        if not verified:
+            self.audit.alert(Alert("shadow_mismatch", f"request {original.request_id} question {original.index}: "
+                                   f"packed answer differs from its solo re-run at step {first_diff}",
+                                   [original.channel_id] if original.channel_id is not None else []))
+        original.logits, shadow.logits = [], []
+        self.requests[original.request_id].add_result(result)
 
     def complete_error(self, request: Request, result: Result) -> None:
         result.started_at = result.finished_at = time.time()

@@ -60,6 +60,10 @@ class Question:
     generator: Any = None  # torch.Generator when sampling with a seed
     decoder: Any = None  # IncrementalDecoder for text deltas
     logits: list[Any] = field(default_factory=list)
+    seed: int | None = None  # the generator's seed (drawn at random when none was given)
+    shadow: bool = False  # re-run alone after it finishes, to verify isolation
+    shadow_of: Question | None = None  # set on the re-run: the question it verifies
+    held_result: Any = None  # the verified question's Result, delivered once the shadow finishes
 
     @property
     def deadline(self) -> float | None:

@@ -87,12 +87,18 @@ class Scheduler:
             self.prefixes.forget(question)
 
     def _admit(self) -> None:
+        if any(q.shadow_of is not None for q in self.running):
+            return  # a shadow re-run is alone in the engine
+        busy = bool(self.running) or any(item[2].shadow_of is None for item in self.waiting)
         running_per_request: dict[str, int] = {}
         for q in self.running:
             running_per_request[q.request_id] = running_per_request.get(q.request_id, 0) + 1
         kept: list[tuple[int, int, Question]] = []
         for item in self.waiting:
             q = item[2]
+            if q.shadow_of is not None and (busy or self.running):  # shadows run only when the engine is idle
+                kept.append(item)
+                continue
             cap = self.request_parallel.get(q.request_id, self.limits.max_parallel)
             ready = (len(self.running) < self.limits.max_parallel and self.prefixes.is_ready(q)
                      and running_per_request.get(q.request_id, 0) < cap and self._fits(q))

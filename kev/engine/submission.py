@@ -1,6 +1,7 @@
 """From submit()'s arguments to Questions: request-level checks (raise) and per-question checks (error results)."""
 from __future__ import annotations
 
+import random
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ def build_questions(queries: list[Any], request_id: str, options: SubmitOptions,
                                  isolation=options.isolation, original_text=raw if isinstance(raw, str) else None))
             continue
         q = _question(spec, prompt_ids, request_id, index, options.isolation, tokenizer)
+        q.shadow = random.random() < config.isolation.shadow_rate
         if config.isolation.shared_prefix and options.defaults.system and spec.messages:
             q.prefix_ids = _prefix_ids(tokenizer, options.defaults.system, prompt_ids)
             q.prefix_public = options.defaults.system_is_public
@@ -89,12 +91,22 @@ def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context:
     return ids
 
 
+def shadow_copy(q: Question, tokenizer: Tokenizer) -> Question:
+    """The same question, to be run alone: same prompt, prefix, sampling and seed."""
+    copy = Question(q.request_id, q.index, list(q.prompt_ids), q.sampling, 2**31, q.priority, q.isolation,
+                    q.original_text, list(q.prefix_ids), q.prefix_public, shadow_of=q, seed=q.seed)
+    if q.seed is not None:
+        copy.generator = torch.Generator().manual_seed(q.seed)
+    copy.decoder = tokenizer.incremental_decoder()
+    return copy
+
+
 def _question(spec: QuestionSpec, prompt_ids: list[int], request_id: str, index: int, isolation: str,
               tokenizer: Tokenizer) -> Question:
     q = Question(request_id, index, prompt_ids, spec.sampling, spec.timeout_ms,
                  spec.priority, isolation, spec.original_text)
     if not spec.sampling.is_greedy:
-        seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
-        q.generator = torch.Generator().manual_seed(seed)
+        q.seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
+        q.generator = torch.Generator().manual_seed(q.seed)
     q.decoder = tokenizer.incremental_decoder()
     return q
