@@ -33,7 +33,9 @@ class PathResult:
         return {**asdict(self), "seconds": round(self.seconds, 3), "tok_per_s": round(self.tok_per_s, 2)}
 
 
-def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: Any | None) -> dict[str, Any]:
+def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: Any | None,
+                   fused: Engine | None = None) -> dict[str, Any]:
+    """fused: the same engine with batch_invariant off, run at the largest N to price invariance."""
     questions = (BENCH_QUESTIONS * (max(sizes) // len(BENCH_QUESTIONS) + 1))[: max(sizes)]
     options = {"max_tokens": max_tokens, "ignore_eos": True, "timeout_ms": 3_600_000}
     engine.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})  # warm-up
@@ -56,7 +58,18 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
             ids, seconds = _hf_generate(hf_model, prompts[:n], max_tokens)
             same = sum(a == s for a, s in zip(ids, hf_solo))
             results.append(PathResult(n, "hf_batch", n * max_tokens, seconds, f"{same}/{n}"))
-    return {"results": [r.to_dict() for r in results], "ratios": _ratios(results, sizes)}
+    ratios = _ratios(results, sizes)
+    if fused is not None:
+        n = max(sizes)
+        fused.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})
+        started = time.perf_counter()
+        answers = fused.generate(questions[:n], timeout=3600, **options)
+        seconds = time.perf_counter() - started
+        same = sum(a.token_ids == s for a, s in zip(answers, solo_ids))
+        results.append(PathResult(n, "kev_non_invariant", sum(a.completion_tokens for a in answers), seconds, f"{same}/{n}"))
+        kev_rate = next(r.tok_per_s for r in results if r.n == n and r.path == "kev")
+        ratios[str(n)]["kev_over_non_invariant"] = round(kev_rate / results[-1].tok_per_s, 2)
+    return {"results": [r.to_dict() for r in results], "ratios": ratios}
 
 
 def _prompt_ids(engine: Engine, question: str) -> list[int]:

@@ -12,7 +12,9 @@ from rich.table import Table
 
 from kev.bench.throughput import load_hf_reference, run_throughput
 from kev.cli.common import add_config_flags, config_from_args
+from kev.config import load_config
 from kev.engine.engine import Engine
+from kev.engine.engine_setup import build_parts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1,4,8,16", help="numbers of questions, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per question (EOS ignored)")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face batch path")
+    parser.add_argument("--no-invariance-cost", action="store_true",
+                        help="skip the non-invariant Kev run that prices batch invariance")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
 
@@ -31,7 +35,13 @@ def run(args: argparse.Namespace) -> int:
                                      "core": {"max_context": 1024}})
     with Engine(config) as engine:
         hf = None if args.no_hf else load_hf_reference(engine)
-        report = run_throughput(engine, sizes, args.max_tokens, hf)
+        fused = None
+        if not args.no_invariance_cost:
+            fused_config = load_config(config, {"core": {"batch_invariant": False}})
+            fused = Engine(fused_config, build_parts(fused_config, engine.runner.model, engine.tokenizer))
+        report = run_throughput(engine, sizes, args.max_tokens, hf, fused)
+        if fused is not None:
+            fused.close()
     report = {"model": config.core.model_path, "precision": config.core.precision, "threads": torch.get_num_threads(),
               "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
               "max_tokens": args.max_tokens, **report}

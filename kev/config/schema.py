@@ -90,6 +90,9 @@ class CoreConfig(_Section):
     # prefill chunk uses prefill_tile (fewer weight reads per row).
     linear_tile: int = Field(16, ge=1, le=1024)
     prefill_tile: int = Field(64, ge=1, le=4096)
+    # false: one GEMM over the whole step (faster, but a row's bits then depend on its
+    # neighbours); kept to measure what invariance costs.
+    batch_invariant: bool = True
     threads: int | None = Field(None, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=1)
 

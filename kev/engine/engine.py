@@ -72,7 +72,8 @@ class Engine:
             raise InvalidRequestError("queries: must be a non-empty list")
         request_id = uuid.uuid4().hex[:16]
         request = Request(request_id, len(queries), options.isolation)
-        questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config)
+        questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config,
+                                            self.runner.model.config.vocab_size)
         with self._lock:
             if self._closed:
                 raise InvalidRequestError("engine is closed")

@@ -69,7 +69,7 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     if unified:
         for channel in range(router.channel_pool_size):
             blocks.reserve(channel, core.max_context)
-    runner = ModelRunner(model, num_blocks, core.block_size, TilePlan(core.linear_tile, core.prefill_tile))
+    runner = ModelRunner(model, num_blocks, core.block_size, TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant))
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
     limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context, unified)

@@ -13,7 +13,7 @@ from kev.engine.question import SamplingParams
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
 OVERRIDES = {*SAMPLING_FIELDS, "timeout_ms", "priority"}
-CONTENT_KEYS = ("text", "messages", "prompt")
+CONTENT_KEYS = ("text", "messages", "prompt", "prompt_ids")
 
 
 class QuestionError(ValueError):
@@ -33,45 +33,55 @@ class RequestDefaults:
 class QuestionSpec:
     messages: list[dict[str, str]] | None  # chat messages, rendered with the chat template
     raw_prompt: str | None  # a prompt used as-is (no template)
-    original_text: str
+    original_text: str | None
     sampling: SamplingParams
     timeout_ms: int
     priority: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: list[int] | None = None  # token ids used as-is
+
 
 
 def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionSpec:
     where = f"queries[{index}]"
     options: dict[str, Any] = {}
     if isinstance(raw, str):
-        messages, prompt = [{"role": "user", "content": _text(raw, where)}], None
+        messages, prompt, prompt_ids = [{"role": "user", "content": _text(raw, where)}], None, None
     elif isinstance(raw, list):
-        messages, prompt = _messages(raw, where), None
+        messages, prompt, prompt_ids = _messages(raw, where), None, None
     elif isinstance(raw, dict):
         unknown = set(raw) - OVERRIDES - set(CONTENT_KEYS)
         if unknown:
             raise QuestionError(f"{where}: unknown field(s) {sorted(unknown)}")
         present = [k for k in CONTENT_KEYS if k in raw]
         if len(present) != 1:
-            raise QuestionError(f"{where}: needs exactly one of 'text', 'messages' or 'prompt' (got {present or 'none'})")
+            raise QuestionError(f"{where}: needs exactly one of {', '.join(CONTENT_KEYS)} (got {present or 'none'})")
         key = present[0]
-        messages, prompt = None, None
+        messages, prompt, prompt_ids = None, None, None
         if key == "text":
             messages = [{"role": "user", "content": _text(raw["text"], f"{where}.text")}]
         elif key == "messages":
             messages = _messages(raw["messages"], f"{where}.messages")
-        else:
+        elif key == "prompt":
             prompt = _text(raw["prompt"], f"{where}.prompt")
+        else:
+            prompt_ids = _token_ids(raw["prompt_ids"], f"{where}.prompt_ids")
         options = {k: raw[k] for k in OVERRIDES if k in raw}
     else:
         raise QuestionError(f"{where}: must be a string, a list of messages or a dict, got {type(raw).__name__}")
     if messages is not None and defaults.system and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": defaults.system}, *messages]
-    original = prompt if prompt is not None else messages[-1]["content"]  # type: ignore[index]
+    original = prompt if prompt is not None else (messages[-1]["content"] if messages else None)
     sampling = validate_sampling(options, defaults.sampling, defaults.max_tokens_cap, where + ".")
     return QuestionSpec(messages, prompt, original, sampling,
                         _int(options.get("timeout_ms", defaults.timeout_ms), f"{where}.timeout_ms", 1),
-                        _int(options.get("priority", 0), f"{where}.priority", None))
+                        _int(options.get("priority", 0), f"{where}.priority", None), prompt_ids)
+
+
+def _token_ids(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not value or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                          for t in value):
+        raise QuestionError(f"{where}: must be a non-empty list of token ids (non-negative integers)")
+    return value
 
 
 def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, where: str) -> SamplingParams:

@@ -48,5 +48,5 @@ class ModelRunner:
 def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan) -> str:
     """A short hash of everything that decides the bits of an answer."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
-    parts = [str(dtype), device.type, device_kind, f"tiles={plan.small}/{plan.big}", "attn=paged-per-channel-sdpa", torch.__version__]
+    parts = [str(dtype), device.type, device_kind, f"tiles={plan.small}/{plan.big}" if plan.invariant else "tiles=step", "attn=paged-per-channel-sdpa", torch.__version__]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

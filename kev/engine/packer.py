@@ -20,6 +20,7 @@ from kev.model.step_metadata import ChannelSpan, StepMetadata
 class TilePlan:
     small: int  # decode rows
     big: int  # the body of a prefill chunk
+    invariant: bool = True  # False: the whole step is one GEMM (for measuring what invariance costs)
 
     def for_chunk(self, length: int) -> list[int]:
         """Big tiles, then one tile (small, 2×small, … up to big) for the rest: one padded
@@ -82,7 +83,8 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
             rows.close_tiles(plan.for_decode(len(group)) if group is decode else plan.for_chunk(group[0].length))
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
     return StepMetadata(
-        input_ids=as_tensor(rows.input_ids), positions=as_tensor(rows.positions), tiles=rows.tiles,
+        input_ids=as_tensor(rows.input_ids), positions=as_tensor(rows.positions),
+        tiles=rows.tiles if plan.invariant else [sum(rows.tiles)],
         token_rows=as_tensor(rows.token_rows), slot_mapping=as_tensor(slot_mapping), spans=spans,
         sample_rows=as_tensor(sample_rows),
     )

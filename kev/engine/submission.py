@@ -50,13 +50,13 @@ class SubmitOptions:
 
 
 def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
-                    config: KevConfig) -> tuple[list[Question], list[Result]]:
+                    config: KevConfig, vocab_size: int) -> tuple[list[Question], list[Result]]:
     questions: list[Question] = []
     errors: list[Result] = []
     for index, raw in enumerate(queries):
         try:
             spec = parse_question(raw, index, options.defaults)
-            prompt_ids = _tokenize(spec, tokenizer, index, config.core.max_context)
+            prompt_ids = _tokenize(spec, tokenizer, index, config.core.max_context, vocab_size)
         except QuestionError as err:
             errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
                                  isolation=options.isolation, original_text=raw if isinstance(raw, str) else None))
@@ -77,14 +77,17 @@ def _prefix_ids(tokenizer: Tokenizer, system: str, prompt_ids: list[int]) -> lis
     return ids if 0 < len(ids) < len(prompt_ids) and prompt_ids[: len(ids)] == ids else []
 
 
-def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int) -> list[int]:
-    if spec.raw_prompt is not None:
-        text = spec.raw_prompt
+def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int, vocab_size: int) -> list[int]:
+    if spec.prompt_ids is not None:
+        ids = spec.prompt_ids
+        if max(ids) >= vocab_size:
+            raise QuestionError(f"queries[{index}].prompt_ids: id {max(ids)} is outside the vocabulary ({vocab_size})")
+    elif spec.raw_prompt is not None:
+        ids = tokenizer.encode(spec.raw_prompt)
     elif tokenizer.has_chat_template:
-        text = tokenizer.render_chat(spec.messages or [], add_generation_prompt=True)
+        ids = tokenizer.encode(tokenizer.render_chat(spec.messages or [], add_generation_prompt=True))
     else:
-        text = "\n".join(m["content"] for m in spec.messages or [])
-    ids = tokenizer.encode(text)
+        ids = tokenizer.encode("\n".join(m["content"] for m in spec.messages or []))
     if len(ids) >= max_context:
         raise QuestionError(f"queries[{index}]: prompt has {len(ids)} tokens; core.max_context is {max_context} "
                             "(the prompt and at least one new token must fit)")
