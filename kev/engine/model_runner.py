@@ -36,8 +36,7 @@ class ModelRunner:
             src = torch.tensor(source, dtype=torch.long, device=self.device)
             dst = torch.tensor(destination, dtype=torch.long, device=self.device)
             for cache in self.caches:
-                cache.k.index_copy_(0, dst, cache.k.index_select(0, src))
-                cache.v.index_copy_(0, dst, cache.v.index_select(0, src))
+                cache.copy_slots(src, dst)
 
     @property
     def kv_bytes_per_token(self) -> int:
