@@ -95,10 +95,32 @@ ISOLATION_ORDER: dict[str, int] = {"strict": 0, "shared": 1, "loose": 2}
 
 
 class IsolationConfig(_Section):
-    level: IsolationLevel = "strict"
-    shared_prefix: bool = True
+    level: IsolationLevel = "strict"  # the loosest level a request may ask for
+    shared_prefix: bool = True  # compute a declared common system prompt once per request
     kv_cache: Literal["split", "unified", "shared_readonly"] = "split"
-    system_prompt: str | None = None
+    system_prompt: str | None = None  # declared by the operator; under loose, cached across requests
+    shadow_rate: float = Field(0.0, ge=0.0, le=1.0)  # share of questions re-run alone to verify isolation
+
+    @model_validator(mode="after")
+    def _consistent(self) -> IsolationConfig:
+        sharing = self.level in ("shared", "loose")
+        if sharing and self.kv_cache != "shared_readonly":
+            raise ValueError(f"isolation.level={self.level!r} shares prefix blocks read-only, which needs "
+                             f"isolation.kv_cache='shared_readonly' (got {self.kv_cache!r})")
+        if not sharing and self.kv_cache == "shared_readonly":
+            raise ValueError("isolation.kv_cache='shared_readonly' needs isolation.level 'shared' or 'loose' "
+                             f"(got {self.level!r}: strict never shares a block)")
+        if sharing and not self.shared_prefix:
+            raise ValueError(f"isolation.level={self.level!r} needs isolation.shared_prefix: true")
+        if self.level == "loose" and not self.system_prompt:
+            raise ValueError("isolation.level='loose' reuses only the prefix the operator declares public: "
+                             "set isolation.system_prompt (isolation.shared_prefix is true)")
+        return self
+
+
+class AuditConfig(_Section):
+    path: str | None = None  # JSON lines (steps, KV, alerts, one "result" per answer); None keeps the checks but writes nothing
+    level: Literal["summary", "full"] = "summary"  # full adds every channel's block ids per step and each answer's text
 
 
 class CoreConfig(_Section):
@@ -111,9 +133,14 @@ class CoreConfig(_Section):
     # own start, so chunking never depends on what else runs (batch invariance).
     prefill_chunk: int = Field(128, ge=1)
     max_step_tokens: int = Field(512, ge=1)
-    # Rows of every linear layer run in tiles of this many (padded): a row's bits then
-    # never depend on how many rows share the step.
+    # Rows of every linear layer run in fixed-size tiles (padded): a row's bits then never
+    # depend on how many rows share the step. Decode rows use linear_tile; the body of a
+    # prefill chunk uses prefill_tile (fewer weight reads per row).
     linear_tile: int = Field(16, ge=1, le=1024)
+    prefill_tile: int = Field(64, ge=1, le=4096)
+    # false: one GEMM over the whole step (faster, but a row's bits then depend on its
+    # neighbours); kept to measure what invariance costs.
+    batch_invariant: bool = True
     threads: int | None = Field(None, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=1)
 
@@ -129,11 +156,6 @@ class CoreConfig(_Section):
 class AggregatorConfig(_Section):
     mode: Literal["slot_map", "seq_append", "priority"] = "slot_map"
     timeout_ms: int = Field(10000, ge=1)
-
-
-class AuditConfig(_Section):
-    path: str | None = None  # JSON lines: one record per result (kind "result"), appended
-    level: Literal["summary", "full"] = "summary"  # full adds each answer's text and token ids
 
 
 class KevConfig(_Section):

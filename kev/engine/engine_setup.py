@@ -13,9 +13,12 @@ from kev.config import KevConfig
 from kev.engine.channel_pool import ChannelPool
 from kev.engine.embedder import MeanEmbedder
 from kev.engine.model_runner import ModelRunner
+from kev.engine.packer import TilePlan
+from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.errors import ConfigError
 from kev.isolation.block_manager import BlockManager
+from kev.isolation.prefix_store import PrefixStore
 from kev.model.llama import LlamaModel
 from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
@@ -69,12 +72,13 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     if unified:
         for channel in range(router.channel_pool_size):
             blocks.reserve(channel, core.max_context)
-    runner = ModelRunner(model, num_blocks, core.block_size)
+    runner = ModelRunner(model, num_blocks, core.block_size, TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant))
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
     limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context,
                              unified, router.max_queue)
     pool = ChannelPool(router.channel_pool_size, router.channel_queue_depth)
+    prefixes = PrefixJobs(blocks, PrefixStore(blocks))
     gateway = Router(router, MeanEmbedder(model.embed_tokens.weight, tokenizer))
     log.info("router: %s, channel groups %s", router.strategy, [(g.name, len(g.channels), g.slots) for g in gateway.layout.groups])
-    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool, gateway), gateway)
+    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool, prefixes, gateway), gateway)

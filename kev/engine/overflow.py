@@ -11,8 +11,8 @@ A submit that raises leaves nothing behind: the questions it had already placed 
 """
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Callable
 
 from kev.engine.question import Question
 from kev.engine.scheduler import Scheduler
@@ -25,20 +25,24 @@ def describe_load(scheduler: Scheduler) -> str:
             f"in channel queues (router.channel_queue_depth={pool.queue_depth}), {len(scheduler.overflow)} in overflow")
 
 
-def place_all(scheduler: Scheduler, questions: list[Question], policy: str, lock: threading.Condition) -> None:
-    """Bind every question to a channel (or the overflow FIFO). Call with `lock` held."""
+def place_all(scheduler: Scheduler, questions: list[Question], policy: str,
+              wait_for_room: Callable[[float], None]) -> None:
+    """Bind every question to a channel (or the overflow FIFO); with the engine lock held.
+
+    wait_for_room(seconds) lets the engine run while a `wait` submit is blocked."""
     placed: list[Question] = []
     try:
         for q in questions:
-            _place(scheduler, q, policy, lock)
-            placed.append(q)
+            placed.append(q)  # before placing: a refused question is withdrawn too (its prefix entry)
+            _place(scheduler, q, policy, wait_for_room)
     except (RejectedError, OverflowTimeoutError):
         for q in placed:
             scheduler.finish(q, "cancelled", "cancelled", "withdrawn: its request was not accepted")
         raise
 
 
-def _place(scheduler: Scheduler, q: Question, policy: str, lock: threading.Condition) -> None:
+def _place(scheduler: Scheduler, q: Question, policy: str, wait_for_room: Callable[[float], None]) -> None:
+    deadline = time.monotonic() + q.timeout_ms / 1000
     while not scheduler.add(q):
         if policy == "queue":
             if scheduler.defer(q):
@@ -47,9 +51,8 @@ def _place(scheduler: Scheduler, q: Question, policy: str, lock: threading.Condi
                                 f"{describe_load(scheduler)}")
         if policy == "reject":
             raise RejectedError(f"no channel can take question {q.index} (overflow_policy=reject); {describe_load(scheduler)}")
-        remaining = q.deadline - time.monotonic()
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise OverflowTimeoutError(f"no channel could take question {q.index} within its timeout_ms "
-                                       f"(overflow_policy=wait); {describe_load(scheduler)}")
-        lock.notify_all()  # the engine loop may be asleep: what was placed so far is work for it
-        lock.wait(remaining)
+                                       f"({q.timeout_ms}, overflow_policy=wait); {describe_load(scheduler)}")
+        wait_for_room(remaining)

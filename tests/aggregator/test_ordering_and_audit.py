@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kev.aggregator.audit_records import AuditLog, read_records
+from kev.aggregator.audit_records import read_records, result_fields
 from kev.aggregator.load_report import percentile, summarize
 from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
@@ -34,20 +34,15 @@ def test_priority_is_priority_then_index():
     assert [r.index for r in order_results(results(), "priority", {0: 1, 1: 5, 2: 1})] == [1, 0, 2]
 
 
-def test_audit_log_writes_one_line_per_result_with_every_audit_field(tmp_path):
-    path = tmp_path / "audit" / "kev.jsonl"
-    log = AuditLog(path)
-    log.write_result(Result("r", 0, text="secret answer", token_ids=[1, 2], hash_bucket=3, channel_id=1))
-    log.write("step", {"channels": 2})  # another part of Kev, same file
-    log.close()
-    full = AuditLog(path, "full")
-    full.write_result(Result("r", 1, text="kept"))
-    full.close()
-    first, step, second = read_records(path)
-    assert AUDIT_FIELDS <= set(first) and first["kind"] == "result" and "text" not in first and "token_ids" not in first
-    assert step == {"kind": "step", "channels": 2}
-    assert second["text"] == "kept"
-    assert len(read_records(path, "result")) == 2
+def test_result_records_carry_every_audit_field_and_full_adds_the_answer(tmp_path):
+    result = Result("r", 0, text="secret answer", token_ids=[1, 2], hash_bucket=3, channel_id=1)
+    summary, full = result_fields(result), result_fields(result, "full")
+    assert AUDIT_FIELDS <= set(summary) and "text" not in summary and "token_ids" not in summary
+    assert full["text"] == "secret answer" and full["token_ids"] == [1, 2]
+    path = tmp_path / "kev.jsonl"
+    lines = [{"kind": "result", **summary}, {"kind": "step", "channels": []}, {"kind": "result", **full}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"kind": "res', encoding="utf-8")
+    assert len(read_records(path)) == 3 and [r["kind"] for r in read_records(path, "result")] == ["result"] * 2
 
 
 def test_percentile_nearest_rank():

@@ -42,7 +42,7 @@ def test_timeout_keeps_the_partial_text_and_frees_the_channel(engine):
             streamed += event.text
         if event.index == 0 and len(engine._request(rid).questions[0].output_ids) >= 4:
             with engine._lock:  # as if its timeout_ms ran out now: stopped at the next step boundary
-                engine._request(rid).questions[0].deadline = 0.0
+                engine._request(rid).questions[0].timeout_ms = 0
             break
     story, other = engine.wait(rid, 120)
     assert story.status == "timeout" and story.finish_reason == "timeout" and story.completion_tokens >= 4

@@ -32,6 +32,17 @@ def engine(make_engine):
 
 
 @pytest.fixture(scope="module")
+def make_engine_bf16():
+    import kev
+
+    engine = kev.Engine.from_config({"core": {"precision": "bf16", "prefill_chunk": 16, "max_step_tokens": 64},
+                                     "aggregator": {"timeout_ms": 600_000}},
+                                    record_logits=True)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
 def solo(engine):
     return {q: engine.generate([q], max_tokens=MAX_TOKENS, timeout=300)[0] for q in QUESTIONS}
 
@@ -69,3 +80,12 @@ def test_seeded_sampling_is_per_channel(engine):
     mixed = engine.generate(["Write a poem.", "Tell me a story.", "Hi"], temperature=0.9, top_p=0.9, seed=7,
                             max_tokens=10, timeout=300)
     assert mixed[1].token_ids == alone.token_ids
+
+
+def test_bf16_packed_batch_equals_solo(make_engine_bf16):
+    engine = make_engine_bf16
+    questions = QUESTIONS[:6]
+    solo = [engine.generate([q], max_tokens=8, timeout=300)[0] for q in questions]
+    packed = engine.generate(questions[::-1], max_tokens=8, timeout=300)[::-1]
+    for result, reference in zip(packed, solo):
+        assert_same_as_solo(result, reference)

@@ -5,9 +5,11 @@ import random
 
 from kev.config.schema import RouterConfig
 from kev.engine.channel_pool import ChannelPool
+from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.question import Phase, Question, SamplingParams
 from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.isolation.block_manager import BlockManager
+from kev.isolation.prefix_store import PrefixStore
 from kev.router.features import QuestionFeatures
 from kev.router.router import Router
 
@@ -16,11 +18,12 @@ def make_scheduler(max_queue: int = 0, **router: object) -> Scheduler:
     config = RouterConfig(**{"channel_pool_size": 4, "max_parallel_queries": 4, "breaker_threshold": None, **router})
     limits = SchedulerLimits(config.max_parallel_queries, 4096, 64, 1024, False, max_queue)
     pool = ChannelPool(config.channel_pool_size, config.channel_queue_depth)
-    return Scheduler(limits, BlockManager(1024, 16), pool, Router(config))
+    blocks = BlockManager(1024, 16)
+    return Scheduler(limits, blocks, pool, PrefixJobs(blocks, PrefixStore(blocks)), Router(config))
 
 
 def question(index: int, bucket: int = 0, priority: int = 0, num_tokens: int = 8, request: str = "r") -> Question:
-    q = Question(request, index, [1] * num_tokens, SamplingParams(4), deadline=1e18, priority=priority)
+    q = Question(request, index, [1] * num_tokens, SamplingParams(4), timeout_ms=10**9, priority=priority)
     q.features = QuestionFeatures(num_tokens, bucket)
     return q
 
@@ -108,6 +111,30 @@ def test_random_lifecycle_loses_and_duplicates_nothing():
 
 def test_a_question_without_features_is_described_on_arrival():
     s = make_scheduler(strategy="semantic_hash")
-    q = Question("r", 0, [1, 2, 3], SamplingParams(2), deadline=1e18, original_text="怎么退款")
+    q = Question("r", 0, [1, 2, 3], SamplingParams(2), timeout_ms=10**9, original_text="怎么退款")
     assert s.add(q) and q.features is not None and q.features.num_tokens == 3
     assert q.channel_id == q.features.bucket % 4
+
+
+def test_a_shadow_rerun_waits_for_an_idle_engine_and_runs_alone():
+    s = make_scheduler(strategy="round_robin")
+    first = question(0)
+    s.add(first)
+    s.schedule()
+    shadow = question(0)
+    shadow.shadow_of = first
+    s.add(shadow)
+    later = question(1)
+    s.add(later)
+    s.schedule()
+    assert running_indices(s) == [0, 1] and shadow in s.shadows  # busy: the shadow waits
+    s.finish(first, "stop")
+    s.finish(later, "stop")
+    s.schedule()
+    assert s.running == [shadow] and shadow.channel_id == first.channel_id
+    s.add(question(2))
+    s.schedule()
+    assert s.running == [shadow]  # nothing joins a shadow re-run
+    s.finish(shadow, "stop")
+    s.schedule()
+    assert running_indices(s) == [2]
