@@ -43,7 +43,7 @@ class RouterConfig(_Section):
     hash_seed: int = 0
     virtual_nodes: int = Field(64, ge=1, le=4096)
     epsilon: float = Field(0.25, gt=0.0, le=100.0)  # bounded loads: no channel above (1+ε)× the mean load
-    breaker_threshold: int | None = Field(4, ge=0)  # queue length at which new work goes elsewhere; null = off
+    breaker_threshold: int | None = Field(2, ge=0)  # queue length at which new work goes elsewhere; null = off
     length_tiers: tuple[int, ...] = (256,)  # prompt-token boundaries of length_aware's tiers
     categories: dict[str, tuple[str, ...]] = {}  # name -> regexes, matched before hashing, first match wins
     default_max_tokens: int = Field(256, ge=1)
