@@ -119,7 +119,7 @@ class MixItem:
 
 def run_verify(engine: Engine, options: VerifyOptions) -> VerifyReport:
     """engine: built with record_logits=True and background=False (verify drives its steps)."""
-    if not engine.record_logits or getattr(engine, "_thread", None) is not None:
+    if not engine.record_logits or engine.is_background:
         raise ValueError("verify needs an engine built with record_logits=True and background=False")
     if options.trials < 1 or not options.questions:
         raise ValueError("verify needs at least one question and one trial")

@@ -15,7 +15,7 @@ QUESTIONS = ["Hi", "Explain what a KV cache is in one sentence.", "写出一个P
 
 
 def allocated_kv_bytes(engine: kev.Engine) -> int:
-    return sum(t.numel() * t.element_size() for layer in engine.runner.caches for t in (layer.k, layer.v))
+    return sum(layer.kv.numel() * layer.kv.element_size() for layer in engine.runner.caches)
 
 
 def plan_for(engine: kev.Engine, typical_tokens: int = 512, prefix_tokens: int = 0):
