@@ -175,6 +175,11 @@ class Engine:
         return meta.num_tokens
 
     @property
+    def is_background(self) -> bool:
+        """True when a loop thread drives the steps; False when the caller does (wait(), run_until_idle())."""
+        return self._thread is not None
+
+    @property
     def num_steps(self) -> int:
         return self.stats.num_steps
 

@@ -18,6 +18,7 @@ from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.errors import ConfigError
 from kev.isolation.block_manager import BlockManager
+from kev.isolation.memory_plan import kv_pool_blocks
 from kev.isolation.prefix_store import PrefixStore
 from kev.model.llama import LlamaModel
 from kev.model.model_store import resolve_model_path
@@ -61,13 +62,8 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
         model, tokenizer = load_model_and_tokenizer(config)
     core, router = config.core, config.router
     unified = config.isolation.kv_cache == "unified"
-    blocks_per_channel = -(-core.max_context // core.block_size)
-    if unified:
-        num_blocks = router.channel_pool_size * blocks_per_channel
-    elif core.kv_cache_tokens:
-        num_blocks = -(-core.kv_cache_tokens // core.block_size)
-    else:
-        num_blocks = router.max_parallel_queries * blocks_per_channel
+    num_blocks = kv_pool_blocks(config.isolation.kv_cache, core.max_context, core.block_size,
+                                router.max_parallel_queries, router.channel_pool_size, core.kv_cache_tokens)
     blocks = BlockManager(num_blocks, core.block_size)
     if unified:
         for channel in range(router.channel_pool_size):
