@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kev.server.server_config import ServerConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -89,3 +91,4 @@ class KevConfig(_Section):
     isolation: IsolationConfig = IsolationConfig()
     core: CoreConfig = CoreConfig()
     aggregator: AggregatorConfig = AggregatorConfig()
+    server: ServerConfig = ServerConfig()
