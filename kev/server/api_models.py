@@ -36,7 +36,8 @@ Stop = StopText | Annotated[list[StopText], Field(max_length=16)] | None
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "8" is not a number and 1 is not a boolean; a wrong type is the caller's error, not ours to guess.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ChatMessage(_Body):
@@ -48,7 +49,7 @@ class ChatMessage(_Body):
 class QuestionObject(_Body):
     """One question with its own overrides; exactly one of text, messages, prompt."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
         "oneOf": [{"required": ["text"]}, {"required": ["messages"]}, {"required": ["prompt"]}]})
 
     # Not nullable: a key that is present must hold content (the schema's oneOf counts keys).

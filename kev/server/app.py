@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -47,9 +48,24 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     install_handlers(app)
     for router in (routes_kev.router, routes_openai.router, routes_ops.router):
         app.include_router(router)
+    _document_served_model(app, service.model_name)
     app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key, max_body_bytes=config.server.max_body_bytes)
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: counts the gate's refusals too
     return app
+
+
+def _document_served_model(app: FastAPI, model_name: str) -> None:
+    """The OpenAI routes accept one model name; say which in the schema (FastAPI's documented override)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schemas = generate()["components"]["schemas"]
+            for body in ("ChatCompletionBody", "CompletionBody"):
+                schemas[body]["properties"]["model"]["enum"] = [model_name]
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _load(service: KevService, factory: EngineFactory, loop: asyncio.AbstractEventLoop,

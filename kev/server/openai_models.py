@@ -13,15 +13,15 @@ from kev.server.api_models import MAX_SEED, Stop, Temperature, Text
 
 
 class _OpenAIBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
-class TextPart(BaseModel):
+class TextPart(_OpenAIBody):
     type: Literal["text"]
     text: Text
 
 
-class OpenAIMessage(BaseModel):
+class OpenAIMessage(_OpenAIBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | Annotated[list[TextPart], Field(min_length=1)]
     name: Text | None = None
@@ -31,7 +31,7 @@ class OpenAIMessage(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(_OpenAIBody):
     include_usage: bool = False
 
 

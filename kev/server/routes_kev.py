@@ -10,20 +10,18 @@ from kev.server.api_models import Accepted, QueryBody, QueryResponse, RequestSta
 from kev.server.errors import error_responses
 from kev.server.registry import Tracked
 from kev.server.service import KevService
-from kev.server.sse import SSE_HEADERS, sse
+from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
 
 router = APIRouter(tags=["kev"])
 _SUBMIT_ERRORS = error_responses(400, 401, 413, 422, 429, 503)
 _BY_ID_ERRORS = error_responses(401, 404, 422, 503)
-_SSE_DOC = {"text/event-stream": {"schema": {"type": "string"},
-                                  "example": 'event: delta\ndata: {"index": 0, "channel_id": 3, "text": "Hi"}\n\n'}}
 
 
 def get_service(request: Request) -> KevService:
     return request.app.state.service
 
 
-@router.post("/v1/query", response_model=QueryResponse, responses={200: {"content": _SSE_DOC}, **_SUBMIT_ERRORS},
+@router.post("/v1/query", response_model=QueryResponse, responses={**SSE_RESPONSE, **_SUBMIT_ERRORS},
              summary="Answer questions, each in its own channel, in one engine run")
 async def query(body: QueryBody, request: Request, service: KevService = Depends(get_service)) -> Response:
     """With `"stream": true` the answer is Server-Sent Events: `delta` (index, channel_id, text, token_ids),

@@ -16,11 +16,10 @@ from kev.server.openai_models import ChatCompletion, ChatCompletionBody, Complet
 from kev.server.registry import Tracked
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
-from kev.server.sse import SSE_HEADERS, sse
+from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
 
 router = APIRouter(tags=["openai"])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
-_SSE_DOC = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 _QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
 
 
@@ -29,7 +28,7 @@ async def models(service: KevService = Depends(get_service)) -> ModelList:
     return ModelList(data=[ModelCard(id=service.model_name, created=int(service.started_at))])
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**_SSE_DOC, **_ERRORS},
+@router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**SSE_RESPONSE, **_ERRORS},
              summary="OpenAI chat completions; n choices run as n channels")
 async def chat_completions(body: ChatCompletionBody, request: Request,
                            service: KevService = Depends(get_service)) -> Response:
@@ -42,7 +41,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
     return await _answer(service, request, reply, queries, options, body.stream, body.include_usage, "chat")
 
 
-@router.post("/v1/completions", response_model=Completion, responses={**_SSE_DOC, **_ERRORS},
+@router.post("/v1/completions", response_model=Completion, responses={**SSE_RESPONSE, **_ERRORS},
              summary="OpenAI completions; a list of prompts is answered in one engine run, one channel each")
 async def completions(body: CompletionBody, request: Request, service: KevService = Depends(get_service)) -> Response:
     prompts = body.prompts
