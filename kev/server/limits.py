@@ -14,12 +14,14 @@ class Limits:
     max_question_chars: int
     max_tokens_cap: int
     max_timeout_ms: int
+    default_max_tokens: int  # router.default_max_tokens, lowered to the server's cap
 
     @classmethod
     def from_config(cls, config: KevConfig) -> Limits:
         server, router = config.server, config.router
         cap = min(server.max_tokens_cap or router.max_tokens_cap, router.max_tokens_cap)
-        return cls(server.max_questions, server.max_question_chars, cap, server.max_timeout_ms)
+        return cls(server.max_questions, server.max_question_chars, cap, server.max_timeout_ms,
+                   min(router.default_max_tokens, cap))
 
     def check_count(self, count: int, field: str) -> None:
         if count > self.max_questions:

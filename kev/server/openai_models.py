@@ -74,7 +74,7 @@ class ChatCompletionBody(_Sampling):
 
 class CompletionBody(_Sampling):
     prompt: Text | Annotated[list[Text], Field(min_length=1)]
-    max_tokens: int | None = Field(16, ge=1)  # the OpenAI default for completions
+    max_tokens: int | None = Field(None, ge=1, description="default 16 (OpenAI's), within the server's cap")
     echo: Literal[False] | None = Field(None, description="not supported")
     logprobs: None = Field(None, description="not supported")
     suffix: None = Field(None, description="not supported")

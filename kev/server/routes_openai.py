@@ -20,6 +20,7 @@ from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
 
 router = APIRouter(tags=["openai"])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
 
 
@@ -45,12 +46,13 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
              summary="OpenAI completions; a list of prompts is answered in one engine run, one channel each")
 async def completions(body: CompletionBody, request: Request, service: KevService = Depends(get_service)) -> Response:
     prompts = body.prompts
-    _check_common(service, body.model, len(prompts) * body.n, body.max_tokens, body.timeout_ms)
+    max_tokens = body.max_tokens if body.max_tokens is not None else min(COMPLETION_MAX_TOKENS, service.limits.max_tokens_cap)
+    _check_common(service, body.model, len(prompts) * body.n, max_tokens, body.timeout_ms)
     for i, prompt in enumerate(prompts):
         service.limits.check_chars(len(prompt), f"prompt[{i}]" if isinstance(body.prompt, list) else "prompt")
     queries = [{"prompt": p, **_seed(body.choice_seed(j))} for p in prompts for j in range(body.n)]
     reply = Reply("text", "", int(time.time()), service.model_name, body.n)
-    return await _answer(service, request, reply, queries, body.engine_options(body.max_tokens), body.stream,
+    return await _answer(service, request, reply, queries, body.engine_options(max_tokens), body.stream,
                          body.include_usage, "completion")
 
 

@@ -56,8 +56,8 @@ class KevService:
         if self.bridge is None:
             return
         bridge, engine = self.bridge, self.bridge.engine
-        for request_id in self.registry.unfinished():
-            await bridge.run(engine.cancel, request_id)
+        unfinished = await bridge.run(_cancel_all, engine)
+        log.info("shutdown: cancelled %d unfinished request(s)", unfinished)
         await bridge.run(engine.close)
         bridge.close()
 
@@ -71,6 +71,7 @@ class KevService:
             self.metrics.rejects.labels("server_busy").inc()
             raise ApiError(429, f"server busy: {self.registry.num_inflight} requests in flight; the limit is "
                                 f"server.max_inflight_requests={self.registry.max_inflight}", None, headers=self.retry_after)
+        options = {"max_tokens": self.limits.default_max_tokens, **options}
         try:
             request_id = await bridge.submit(queries, options)
         except InvalidRequestError as err:
@@ -131,3 +132,11 @@ async def _disconnected(http: HttpRequest) -> None:
     """Returns when the client closes the connection (the body was already read by then)."""
     while (await http.receive())["type"] != "http.disconnect":
         pass
+
+
+def _cancel_all(engine: Engine) -> int:
+    """Every request the engine still runs, including ones whose caller already left."""
+    unfinished = [rid for rid, request in list(engine.requests.items()) if not request.done.is_set()]
+    for request_id in unfinished:
+        engine.cancel(request_id)
+    return len(unfinished)
