@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kev.server.server_config import ServerConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -165,6 +167,7 @@ class KevConfig(_Section):
     core: CoreConfig = CoreConfig()
     aggregator: AggregatorConfig = AggregatorConfig()
     audit: AuditConfig = AuditConfig()
+    server: ServerConfig = ServerConfig()
 
     @model_validator(mode="after")
     def _timeout_under_cap(self) -> KevConfig:

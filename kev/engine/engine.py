@@ -130,6 +130,13 @@ class Engine:
                     self.scheduler.finish(q, "cancelled", "cancelled")
                     self.post.complete(q)
 
+    def forget(self, request_id: str) -> None:
+        """Cancel what is unfinished and drop the request's bookkeeping (a long-running server calls this)."""
+        with self._lock:  # re-entrant: cancel() takes it too
+            self.cancel(request_id)
+            self.requests.pop(request_id, None)
+            self.scheduler.request_parallel.pop(request_id, None)
+
     def generate(self, queries: list[Any], timeout: float | None = None, **options: Any) -> list[Result]:
         """submit() then wait(): the one-call form."""
         return self.wait(self.submit(queries, **options), timeout)

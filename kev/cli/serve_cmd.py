@@ -1,0 +1,64 @@
+"""kev serve: the HTTP service (FastAPI on uvicorn), one engine per process.
+
+SIGTERM or Ctrl-C: stop accepting, let in-flight requests finish for server.shutdown_grace_s,
+cancel the rest, close the engine, exit 0.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from kev.cli.common import add_config_flags, config_from_args
+
+API_KEY_ENV = "KEV_API_KEY"
+# flag -> server.<field>
+_SERVER_FLAGS = ("host", "port", "max_body_bytes", "max_questions", "max_question_chars", "max_tokens_cap",
+                 "shutdown_grace_s", "max_inflight_requests")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_flags(parser)
+    parser.add_argument("--host", help="server.host (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="server.port (default 8765; 0 picks a free one)")
+    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (else ${API_KEY_ENV}, else server.api_key)")
+    parser.add_argument("--max-body-bytes", type=int, help="server.max_body_bytes")
+    parser.add_argument("--max-questions", type=int, help="server.max_questions (per request)")
+    parser.add_argument("--max-question-chars", type=int, help="server.max_question_chars")
+    parser.add_argument("--max-tokens-cap", type=int, help="server.max_tokens_cap")
+    parser.add_argument("--max-inflight-requests", type=int, help="server.max_inflight_requests")
+    parser.add_argument("--grace", dest="shutdown_grace_s", type=float, help="server.shutdown_grace_s")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from kev.server.app import build_app
+
+    server_overrides = {name: getattr(args, name) for name in _SERVER_FLAGS if getattr(args, name) is not None}
+    config = config_from_args(args, {"server": server_overrides} if server_overrides else None)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    logging.getLogger("kev").setLevel(args.log_level.upper())
+    failed: list[bool] = []
+    holder: list[uvicorn.Server] = []
+
+    def stop_on_load_failure() -> None:
+        failed.append(True)
+        holder[0].should_exit = True
+
+    app = build_app(config, api_key=api_key, on_load_failed=stop_on_load_failure)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=max(config.server.shutdown_grace_s, 0.1),
+                                           access_log=args.log_level == "debug"))
+    holder.append(server)
+    # uvicorn re-raises the SIGTERM/SIGINT it handled once it is done; a no-op handler lets us exit 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run()
+    if failed:
+        print("kev serve: the model failed to load (see the log above)", file=sys.stderr)
+        return 1
+    return 0 if server.started else 1

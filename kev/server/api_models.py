@@ -1,0 +1,207 @@
+"""Request and response bodies of the Kev API (/v1/query, /v1/requests, /v1/channels); they make the OpenAPI schema.
+
+Type errors are caught here (a 4xx naming the field); what depends on config (limits,
+the isolation cap) is checked in limits.py and by the engine.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+CONTENT_KEYS = ("text", "messages", "prompt")
+MAX_SEED = 2**63 - 1  # torch generators take a signed 64-bit seed
+MIN_TEMPERATURE = 1e-3  # below this, logits / temperature can overflow fp32 and poison the step
+
+
+def _encodable(value: str) -> str:
+    # JSON may carry lone surrogates ("\ud800") that no tokenizer accepts.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains a lone surrogate (not valid Unicode text)") from None
+    return value
+
+
+def _temperature(value: float | None) -> float | None:
+    if value is not None and 0 < value < MIN_TEMPERATURE:
+        raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+Temperature = Annotated[float | None, Field(ge=0, le=100), AfterValidator(_temperature)]
+StopText = Annotated[Text, Field(min_length=1)]
+Stop = StopText | Annotated[list[StopText], Field(max_length=16)] | None
+
+
+class _Body(BaseModel):
+    # strict: "8" is not a number and 1 is not a boolean; a wrong type is the caller's error, not ours to guess.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Text
+    name: Text | None = None
+
+
+class QuestionObject(_Body):
+    """One question with its own overrides; exactly one of text, messages, prompt."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "oneOf": [{"required": ["text"]}, {"required": ["messages"]}, {"required": ["prompt"]}]})
+
+    # Not nullable: a key that is present must hold content (the schema's oneOf counts keys).
+    text: Text = Field(None, description="a user message, rendered with the chat template")  # type: ignore[assignment]
+    messages: list[ChatMessage] = Field(None, min_length=1)  # type: ignore[assignment]
+    prompt: Text = Field(None, description="raw prompt, no chat template")  # type: ignore[assignment]
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: Temperature = None
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: Stop = None
+    timeout_ms: int | None = Field(None, ge=1)
+    priority: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _one_content(self) -> QuestionObject:
+        present = [key for key in CONTENT_KEYS if key in self.model_fields_set]
+        if len(present) != 1:
+            raise ValueError(f"needs exactly one of 'text', 'messages' or 'prompt' (got {present or 'none'})")
+        return self
+
+
+def _question_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "as_string"
+    if isinstance(value, list):
+        return "as_messages"
+    if isinstance(value, (dict, QuestionObject)):
+        return "as_object"
+    return None
+
+
+# A string, a chat message list, or an object; the tag picks the branch so an error names the real field.
+Question = Annotated[
+    Annotated[Text, Tag("as_string")] | Annotated[list[ChatMessage], Field(min_length=1), Tag("as_messages")]
+    | Annotated[QuestionObject, Tag("as_object")],
+    Discriminator(_question_kind, custom_error_type="question_type",
+                  custom_error_message="must be a string, a list of chat messages or an object with text, messages or prompt"),
+]
+
+
+class SubmitBody(_Body):
+    """Questions and request-level options (each question may override its sampling)."""
+
+    queries: list[Question] = Field(min_length=1)
+    isolation: Literal["strict", "shared", "loose"] | None = Field(None, description="at most as loose as the configured isolation.level")
+    max_parallel: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: Temperature = None
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: Stop = None
+    timeout_ms: int | None = Field(None, ge=1)
+    system: Text | None = Field(None, description="shared system prompt for every chat question")
+
+    def engine_queries(self) -> list[Any]:
+        return [q.model_dump(exclude_none=True) if isinstance(q, QuestionObject)
+                else [m.model_dump(exclude_none=True) for m in q] if isinstance(q, list) else q for q in self.queries]
+
+    def engine_options(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"queries", "stream"}, exclude_none=True)
+
+
+class QueryBody(SubmitBody):
+    stream: bool = Field(False, description="Server-Sent Events: delta, result (one per question), done")
+
+
+class ResultModel(BaseModel):
+    """One question's answer with every audit field; fields the engine adds later pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    tokens: int
+    channel_id: int | None
+    elapsed_ms: float
+    started_at: float | None
+    finished_at: float | None
+    finish_reason: Literal["stop", "length", "timeout", "cancelled", "error"] | None
+    status: Literal["ok", "timeout", "cancelled", "rejected", "error"]
+    error: str | None
+    isolation: str
+    strategy: str
+    hash_bucket: int | None = None
+    rerouted: bool = False
+    original_text: str | None = None
+    normalized_text: str | None = None
+    numerics_fingerprint: str
+    isolation_verified: bool | None = None
+
+
+class QueryResponse(BaseModel):
+    request_id: str
+    results: list[ResultModel]
+
+
+RequestStatusName = Literal["running", "done", "cancelled"]
+
+
+class RequestStatus(BaseModel):
+    request_id: str
+    status: RequestStatusName
+    num_questions: int
+    num_finished: int
+    results: list[ResultModel] = Field(description="results so far, in aggregator order")
+
+
+class Accepted(BaseModel):
+    request_id: str
+    status: RequestStatusName
+    num_questions: int
+    location: str = Field(description="GET it for status and results")
+
+
+class ChannelModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    channel_id: int
+    state: str = Field(description="idle, prefill or decode")
+    request_id: str | None
+    index: int | None
+    tokens: int
+    kv_blocks: int
+    num_served: int
+    hash_bucket: int | None = None
+
+
+class ChannelsResponse(BaseModel):
+    channels: list[ChannelModel]
+    queue_length: int
+    num_active: int
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    field: str | None
+    param: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: str
+    model: str | None = None
+    detail: str | None = None

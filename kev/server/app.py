@@ -1,0 +1,86 @@
+"""build_app(config): the FastAPI application of `kev serve`, one engine per process.
+
+The engine loads in a thread after the server starts listening, so /healthz answers at
+once and /readyz turns 200 when the model is in; routes that need it answer 503 until then.
+On shutdown (after uvicorn's grace period) whatever still runs is cancelled and the engine closed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+import kev
+from kev.config import KevConfig
+from kev.engine.engine import Engine
+from kev.server import routes_kev, routes_ops, routes_openai
+from kev.server.errors import install_handlers
+from kev.server.metrics import ServerMetrics
+from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
+from kev.server.service import KevService
+
+log = logging.getLogger("kev.server")
+EngineFactory = Callable[[KevConfig], Engine]
+
+
+def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory = Engine,
+              on_load_failed: Callable[[], None] | None = None) -> FastAPI:
+    """api_key overrides config.server.api_key; on_load_failed lets the CLI stop the server if the model cannot load."""
+    metrics = ServerMetrics()
+    service = KevService(config, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loader = threading.Thread(target=_load, args=(service, engine_factory, asyncio.get_running_loop(), on_load_failed),
+                                  name="kev-load", daemon=True)
+        loader.start()
+        yield
+        await service.shutdown()
+
+    app = FastAPI(title="Kev", version=kev.__version__, lifespan=lifespan,
+                  description="Many independent questions, one forward pass, isolated channels.")
+    app.state.service = service
+    install_handlers(app)
+    for router in (routes_kev.router, routes_openai.router, routes_ops.router):
+        app.include_router(router)
+    _document_served_model(app, service.model_name)
+    app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key, max_body_bytes=config.server.max_body_bytes)
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: counts the gate's refusals too
+    return app
+
+
+def _document_served_model(app: FastAPI, model_name: str) -> None:
+    """The OpenAI routes accept one model name; say which in the schema (FastAPI's documented override)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schemas = generate()["components"]["schemas"]
+            for body in ("ChatCompletionBody", "CompletionBody"):
+                schemas[body]["properties"]["model"]["enum"] = [model_name]
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _load(service: KevService, factory: EngineFactory, loop: asyncio.AbstractEventLoop,
+          on_load_failed: Callable[[], None] | None) -> None:
+    try:
+        engine = factory(service.config)
+    except Exception as err:
+        log.exception("model failed to load")
+        service.load_error = f"{type(err).__name__}: {err}"
+        if on_load_failed is not None:
+            loop.call_soon_threadsafe(on_load_failed)
+        return
+    try:
+        loop.call_soon_threadsafe(service.attach, engine)
+    except RuntimeError:  # the server stopped while the model loaded
+        engine.close()
+        return
+    log.info("model %s loaded; ready", service.model_name)

@@ -1,0 +1,117 @@
+"""Two ASGI layers in front of every route: the gate (API key, body size, UTF-8) and HTTP request counting.
+
+They are plain ASGI (not BaseHTTPMiddleware) so streaming responses and client
+disconnects pass through untouched.
+"""
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kev.server.errors import error_body
+from kev.server.metrics import ServerMetrics
+
+OPEN_PATHS = frozenset({"/healthz"})  # liveness probes carry no key
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class GateMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+        self.app, self.max_body_bytes = app, max_body_bytes
+        self.api_key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = _headers(scope)
+        if self.api_key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(headers):
+            return await _refuse(scope, receive, send, 401, "Authorization: missing or wrong API key (use 'Bearer KEY')",
+                                 "Authorization", {"WWW-Authenticate": "Bearer"})
+        if scope["method"] not in _BODY_METHODS:
+            return await self.app(scope, receive, send)
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return await _refuse(scope, receive, send, 413, self._too_large(int(declared)), "body")
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                return await _refuse(scope, receive, send, 413, self._too_large(len(body)), "body")
+        if _is_json(headers) and not _is_utf8(bytes(body)):
+            return await _refuse(scope, receive, send, 400, "body: is not valid UTF-8", "body")
+        await self.app(scope, _replay(bytes(body), receive), send)
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        # compare_digest: the time taken does not tell how much of the key was right.
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key or b"")
+
+    def _too_large(self, size: int) -> str:
+        return f"body: {size} bytes; the limit is server.max_body_bytes={self.max_body_bytes}"
+
+
+class HttpMetricsMiddleware:
+    """Counts answered HTTP requests by route template (not raw path, which would explode the label set)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [0]
+
+        async def send_and_note(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.http_requests.labels(route, scope["method"], str(status[0] or 499)).inc()
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def _is_json(headers: dict[str, str]) -> bool:
+    content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The app reads the body we already read; later receives (disconnect) go to the client."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, message: str, field: str,
+                  headers: dict[str, Any] | None = None) -> None:
+    await JSONResponse(error_body(status, message, field), status, headers)(scope, receive, send)

@@ -1,0 +1,125 @@
+"""OpenAI-compatible routes. Every prompt x n choice is its own channel, all in the same engine run."""
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kev.aggregator.result import Result
+from kev.server.errors import ApiError, error_body, error_responses
+from kev.server.openai_format import Reply
+from kev.server.openai_models import ChatCompletion, ChatCompletionBody, Completion, CompletionBody, ModelCard, ModelList
+from kev.server.registry import Tracked
+from kev.server.routes_kev import get_service
+from kev.server.service import KevService
+from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
+
+router = APIRouter(tags=["openai"])
+_ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+_QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
+
+
+@router.get("/v1/models", response_model=ModelList, responses=error_responses(401), summary="The one model served")
+async def models(service: KevService = Depends(get_service)) -> ModelList:
+    return ModelList(data=[ModelCard(id=service.model_name, created=int(service.started_at))])
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**SSE_RESPONSE, **_ERRORS},
+             summary="OpenAI chat completions; n choices run as n channels")
+async def chat_completions(body: ChatCompletionBody, request: Request,
+                           service: KevService = Depends(get_service)) -> Response:
+    _check_common(service, body.model, body.n, body.max_completion_tokens or body.max_tokens, body.timeout_ms)
+    messages = [m.to_engine() for m in body.messages]
+    service.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
+    queries = [{"messages": messages, **_seed(body.choice_seed(j))} for j in range(body.n)]
+    reply = Reply("chat", "", int(time.time()), service.model_name, body.n)
+    options = body.engine_options(body.max_completion_tokens or body.max_tokens)
+    return await _answer(service, request, reply, queries, options, body.stream, body.include_usage, "chat")
+
+
+@router.post("/v1/completions", response_model=Completion, responses={**SSE_RESPONSE, **_ERRORS},
+             summary="OpenAI completions; a list of prompts is answered in one engine run, one channel each")
+async def completions(body: CompletionBody, request: Request, service: KevService = Depends(get_service)) -> Response:
+    prompts = body.prompts
+    max_tokens = body.max_tokens if body.max_tokens is not None else min(COMPLETION_MAX_TOKENS, service.limits.max_tokens_cap)
+    _check_common(service, body.model, len(prompts) * body.n, max_tokens, body.timeout_ms)
+    for i, prompt in enumerate(prompts):
+        service.limits.check_chars(len(prompt), f"prompt[{i}]" if isinstance(body.prompt, list) else "prompt")
+    queries = [{"prompt": p, **_seed(body.choice_seed(j))} for p in prompts for j in range(body.n)]
+    reply = Reply("text", "", int(time.time()), service.model_name, body.n)
+    return await _answer(service, request, reply, queries, body.engine_options(max_tokens), body.stream,
+                         body.include_usage, "completion")
+
+
+def _check_common(service: KevService, model: str, num_questions: int, max_tokens: int | None, timeout_ms: int | None) -> None:
+    if model != service.model_name:
+        raise ApiError(404, f"model: {model!r} is not served here (this server serves {service.model_name!r})", "model")
+    service.limits.check_count(num_questions, "n")
+    service.limits.check_max_tokens(max_tokens, "max_tokens")
+    service.limits.check_timeout(timeout_ms, "timeout_ms")
+
+
+def _seed(seed: int | None) -> dict[str, int]:
+    return {} if seed is None else {"seed": seed}
+
+
+async def _answer(service: KevService, request: Request, reply: Reply, queries: list[Any], options: dict[str, Any],
+                  stream: bool, include_usage: bool, api: str) -> Response:
+    tracked = await service.submit(queries, options, api, listen=stream)
+    prefix = "chatcmpl-" if reply.kind == "chat" else "cmpl-"
+    reply = Reply(reply.kind, prefix + tracked.request_id, reply.created, reply.model, reply.n)
+    try:
+        _refuse_bad_prompts(await service.results(tracked.request_id), reply)
+    except ApiError:
+        service.release(tracked.request_id)
+        raise
+    if stream:
+        return StreamingResponse(_chunks(service, tracked, reply, len(queries), include_usage),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    try:
+        if not await service.wait(tracked, request):
+            return Response(status_code=499)
+        results = await service.results(tracked.request_id)
+    finally:
+        service.release(tracked.request_id)
+    failed = next((r for r in results if r.status == "error"), None)
+    if failed is not None:
+        raise ApiError(500, f"the engine failed: {failed.error}", None, "server_error")
+    return JSONResponse(reply.response(results).model_dump())
+
+
+def _refuse_bad_prompts(results: list[Result], reply: Reply) -> None:
+    """A prompt the engine refused at submit (e.g. longer than core.max_context) fails the whole call, as with OpenAI."""
+    failed = next((r for r in results if r.status == "error"), None)
+    if failed is None:
+        return
+    field = "messages" if reply.kind == "chat" else f"prompt[{failed.index // reply.n}]"
+    message = _QUESTION_PREFIX.sub("", failed.error or "invalid")
+    raise ApiError(400, f"{field}: {message}", field)
+
+
+async def _chunks(service: KevService, tracked: Tracked, reply: Reply, num_choices: int,
+                  include_usage: bool) -> AsyncIterator[str]:
+    results: list[Result] = []
+    try:
+        for chunk in reply.opening(num_choices):
+            yield sse(chunk)
+        async for event in tracked.watch.stream():
+            if event.result is not None:
+                results.append(event.result)
+                if event.result.status == "error":
+                    yield sse(error_body(500, f"the engine failed: {event.result.error}", None))
+                    continue
+            chunk = reply.event_chunk(event)
+            if chunk is not None:
+                yield sse(chunk)
+        if include_usage:
+            yield sse(reply.chunk([], reply.usage(results)))
+        yield sse("[DONE]")
+    finally:  # a client that hangs up cancels its questions
+        service.release(tracked.request_id)

@@ -1,0 +1,51 @@
+"""Operations: /healthz (alive), /readyz (model loaded), /v1/channels (live channel table), /metrics (Prometheus)."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from kev.server.api_models import ChannelModel, ChannelsResponse, Health
+from kev.server.errors import error_responses
+from kev.server.routes_kev import get_service
+from kev.server.service import KevService
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", response_model=Health, summary="The process is up (no API key needed)")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health, responses={503: {"model": Health, "description": "not ready"},
+                                                          **error_responses(401)},
+            summary="The model is loaded and the server takes requests")
+async def readyz(service: KevService = Depends(get_service)) -> JSONResponse:
+    if service.bridge is not None and not service.is_draining:
+        return JSONResponse(Health(status="ready", model=service.model_name).model_dump())
+    state = "draining" if service.is_draining else "failed" if service.load_error else "loading"
+    return JSONResponse(Health(status=state, model=service.model_name, detail=service.load_error).model_dump(), 503)
+
+
+@router.get("/v1/channels", response_model=ChannelsResponse, responses=error_responses(401, 503),
+            summary="Each channel's state (idle / prefill / decode), its question, tokens so far; queue length")
+async def channels(service: KevService = Depends(get_service)) -> ChannelsResponse:
+    bridge, engine = service.engine()
+    states = await bridge.run(engine.channel_states)
+    queue_length = await bridge.run(engine.queue_length)
+    return ChannelsResponse(channels=[ChannelModel(**s) for s in states], queue_length=queue_length,
+                            num_active=sum(1 for s in states if s["state"] != "idle"))
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+                                                             **error_responses(401)},
+            summary="Prometheus metrics: requests, questions, tokens, step time, batch size, queue, rejects, alerts")
+async def metrics(service: KevService = Depends(get_service)) -> Response:
+    if service.bridge is not None:
+        engine = service.bridge.engine
+        recent = list(engine.stats.recent)
+        states, queue_length = await service.bridge.run(engine.channel_states), await service.bridge.run(engine.queue_length)
+        service.metrics.refresh(recent, states, queue_length)
+    service.metrics.inflight.set(service.registry.num_inflight)
+    return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)

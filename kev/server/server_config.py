@@ -1,0 +1,29 @@
+"""The `server:` section of kev.yaml: what `kev serve` listens on and the limits it enforces on callers.
+
+It imports nothing from Kev so that kev/config/schema.py can embed it without a cycle.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    # Bearer token every route but /healthz requires; the CLI flag and KEV_API_KEY override it.
+    api_key: str | None = Field(None, min_length=1)
+    model_name: str | None = None  # id shown by /v1/models; default: the name of core.model_path
+    max_body_bytes: int = Field(1 << 20, ge=64)
+    max_questions: int = Field(256, ge=1)  # questions per request (and prompts x n for the OpenAI routes)
+    max_question_chars: int = Field(32_000, ge=1)  # characters per question, all its messages together
+    # A cap on max_tokens for HTTP callers, at most router.max_tokens_cap (None: that cap).
+    max_tokens_cap: int | None = Field(None, ge=1)
+    max_timeout_ms: int = Field(600_000, ge=1)
+    # Requests answered or streamed at once; one more is a 429 (each holds one watcher thread).
+    max_inflight_requests: int = Field(256, ge=1)
+    retry_after_s: int = Field(1, ge=1)  # the Retry-After a 429/503 suggests
+    shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: in-flight requests may finish this long, then are cancelled
+    result_ttl_s: float = Field(600.0, gt=0)  # how long results of an async request stay readable after it finished
+    max_retained_results: int = Field(1024, ge=1)  # finished async requests kept at most (oldest forgotten first)

@@ -1,0 +1,36 @@
+"""Schemathesis against the server's own OpenAPI schema: no 5xx, no hang, schema violations answered with 4xx."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness import ServerProcess
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+KEY = "fuzz-key"
+# Small limits keep every generated request cheap: at most 3 questions of 64 characters, 4 new tokens, 5 s.
+CONFIG = {"server": {"max_body_bytes": 16384, "max_questions": 3, "max_question_chars": 64, "max_tokens_cap": 4,
+                     "max_timeout_ms": 5000},
+          "router": {"default_max_tokens": 4}, "aggregator": {"timeout_ms": 5000}}
+CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,negative_data_rejection"
+
+
+def test_schemathesis_finds_no_failure(start_server, tmp_path: Path) -> None:
+    server: ServerProcess = start_server(CONFIG, api_key=KEY)
+    st = Path(sys.executable).with_name("st")
+    command = [str(st), "--config-file", str(Path(__file__).with_name("schemathesis.toml")), "run",
+               f"{server.url}/openapi.json", "-H", f"Authorization: Bearer {KEY}", "--checks", CHECKS,
+               "--max-examples", "10", "--seed", "1", "--phases", "examples,coverage,fuzzing", "--workers", "1",
+               "--request-timeout", "60", "--no-shrink", "--report", "junit", "--report-dir", str(tmp_path)]
+    # The subprocess timeout is the "no hang" guard for the whole run.
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    summary = run.stdout[-6000:]
+    assert run.returncode == 0, summary
+    generated = int(re.search(r"(\d+) generated", run.stdout).group(1))  # type: ignore[union-attr]
+    print(f"schemathesis: {generated} requests generated")
+    assert generated >= 200, summary
+    assert server.proc is not None and server.proc.poll() is None, "the server survived the run"

@@ -1,0 +1,131 @@
+"""The server's pure parts, without a server: error fields, limits, registry expiry, metrics folding, formats."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+import kev
+from kev.aggregator.result import Result
+from kev.engine.stats import StepRecord
+from kev.server.api_models import QueryBody
+from kev.server.errors import ApiError, field_path, validation_error
+from kev.server.limits import Limits
+from kev.server.metrics import ServerMetrics
+from kev.server.openai_format import Reply, finish_reason
+from kev.server.registry import RequestRegistry, Tracked
+from kev.server.sse import sse
+
+
+def error_for(body: dict) -> ApiError:
+    try:
+        QueryBody.model_validate(body)
+    except ValidationError as err:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in err.errors()]
+        return validation_error(RequestValidationError(errors))
+    raise AssertionError("body was valid")
+
+
+@pytest.mark.parametrize(("loc", "path"), [
+    (("body", "queries", 0, "as_object", "text"), "queries[0].text"),
+    (("body", "queries", 2, "as_messages", 1, "role"), "queries[2][1].role"),
+    (("body", "stop", "function-after[_encodable(), str]"), "stop"),
+    (("body",), "body"),
+    (("query", "limit"), "limit"),
+])
+def test_field_path_drops_union_labels(loc: tuple, path: str) -> None:
+    assert field_path(loc) == path
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"queries": [{"messages": [{"role": "user", "content": 3}]}]}, "queries[0].messages[0].content"),
+    ({"queries": ["a"], "max_tokens": "8"}, "max_tokens"),
+    ({"queries": [7]}, "queries[0]"),
+    ({}, "queries"),
+])
+def test_validation_error_names_the_deepest_field(body: dict, field: str) -> None:
+    err = error_for(body)
+    assert (err.status_code, err.field) == (422, field)
+    assert err.message.startswith(f"{field}: ")
+
+
+def test_limits_name_field_and_limit() -> None:
+    limits = Limits.from_config(kev.load_config({"server": {"max_questions": 2, "max_question_chars": 5,
+                                                            "max_tokens_cap": 10},
+                                                "router": {"max_tokens_cap": 8, "default_max_tokens": 8}}))
+    assert limits.max_tokens_cap == 8, "the server cap never exceeds the engine's"
+    lower = Limits.from_config(kev.load_config({"server": {"max_tokens_cap": 4}}))
+    assert (lower.max_tokens_cap, lower.default_max_tokens) == (4, 4), "the default obeys the server cap"
+    cases = [({"queries": ["a", "b", "c"]}, 413, "queries", "max_questions=2"),
+             ({"queries": ["a", "bbbbbb"]}, 413, "queries[1]", "max_question_chars=5"),
+             ({"queries": [{"text": "a", "max_tokens": 9}]}, 422, "queries[0].max_tokens", "max_tokens_cap=8")]
+    for body, status, field_name, limit in cases:
+        with pytest.raises(ApiError) as refused:
+            limits.check_submit(QueryBody.model_validate(body))
+        assert (refused.value.status_code, refused.value.field) == (status, field_name)
+        assert limit in refused.value.message
+    limits.check_submit(QueryBody.model_validate({"queries": ["abcde", [{"role": "user", "content": "ab"}]]}))
+
+
+def test_unknown_server_key_is_a_config_error_naming_it() -> None:
+    with pytest.raises(kev.ConfigError, match="kev.server.prot"):
+        kev.load_config({"server": {"prot": 1}})
+
+
+@dataclass
+class FakeWatch:
+    done: threading.Event = field(default_factory=threading.Event)
+    finished_at: float | None = None
+
+    def finish(self, at: float) -> None:
+        self.finished_at = at
+        self.done.set()
+
+
+def test_registry_bounds_in_flight_and_forgets_expired() -> None:
+    registry = RequestRegistry(max_inflight=2, ttl_s=10.0, max_retained=1)
+    assert registry.reserve() and registry.reserve() and not registry.reserve()
+    watches = {rid: FakeWatch() for rid in ("a", "b", "c")}
+    registry.unreserve(), registry.unreserve()
+    for rid, watch in watches.items():
+        registry.add(Tracked(rid, watch, retained=True))  # type: ignore[arg-type]
+    assert registry.num_inflight == 3 and registry.unfinished() == ["a", "b", "c"]
+    watches["a"].finish(100.0)
+    watches["b"].finish(105.0)
+    assert registry.num_inflight == 1
+    assert registry.expired(now=106.0) == ["a"], "one retained at most: the oldest goes first"
+    assert registry.expired(now=116.0) == ["a", "b"], "past the time to live"
+    registry.remove("a")
+    assert registry.get("a") is None and registry.get("b") is not None
+
+
+def test_metrics_fold_each_step_once() -> None:
+    metrics = ServerMetrics()
+    steps = [StepRecord(float(i), 2, 10, 2, 50.0) for i in range(3)]
+    metrics.refresh(steps, [{"state": "idle"}, {"state": "decode"}], 4)
+    metrics.refresh(steps + [StepRecord(3.0, 4, 4, 4, 20.0)], [], 0)
+    registry = metrics.registry
+    assert registry.get_sample_value("kev_engine_steps_total") == 4
+    assert registry.get_sample_value("kev_step_channels_sum") == 10
+    assert registry.get_sample_value("kev_queue_length") == 0
+    metrics.observe_result(Result("r", 0, completion_tokens=3, prompt_tokens=5, channel_id=1, status="ok",
+                                  finish_reason="length", isolation_verified=False))
+    assert registry.get_sample_value("kev_channel_questions_total", {"channel_id": "1", "status": "ok"}) == 1
+    assert registry.get_sample_value("kev_isolation_alerts_total", {"kind": "shadow_mismatch"}) == 1
+    assert b"kev_completion_tokens_total 3.0" in metrics.render()
+
+
+def test_openai_usage_counts_each_prompt_once() -> None:
+    results = [Result("r", i, prompt_tokens=10 + i // 2, completion_tokens=3, finish_reason="stop" if i else "timeout")
+               for i in range(4)]
+    usage = Reply("text", "cmpl-r", 0, "m", n=2).usage(results)
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (21, 12, 33)
+    assert [finish_reason(r) for r in results] == ["length", "stop", "stop", "stop"]
+
+
+def test_sse_frames_one_line_of_json() -> None:
+    assert sse({"text": "a\nb"}, "delta") == 'event: delta\ndata: {"text": "a\\nb"}\n\n'
+    assert sse("[DONE]") == "data: [DONE]\n\n"
