@@ -20,8 +20,11 @@ MIXED = ["What is the capital of France?", [{"role": "user", "content": "Say hi.
 
 @pytest.fixture(scope="module")
 def server(start_server) -> ServerProcess:
-    # default_max_tokens keeps the article's curl example (no max_tokens) short on a CPU.
-    return start_server({"router": {"default_max_tokens": 8}, "aggregator": {"timeout_ms": 120_000}})
+    # default_max_tokens keeps the article's curl example (no max_tokens) short on a CPU;
+    # round_robin: the channel tests want a request's questions side by side (semantic_hash
+    # would queue two identical questions on one channel).
+    return start_server({"router": {"default_max_tokens": 8, "strategy": "round_robin"},
+                         "aggregator": {"timeout_ms": 120_000}})
 
 
 @pytest.fixture(scope="module")
