@@ -129,3 +129,33 @@ def test_openai_usage_counts_each_prompt_once() -> None:
 def test_sse_frames_one_line_of_json() -> None:
     assert sse({"text": "a\nb"}, "delta") == 'event: delta\ndata: {"text": "a\\nb"}\n\n'
     assert sse("[DONE]") == "data: [DONE]\n\n"
+
+
+class RefusingEngine:
+    """Stands in for an engine whose submit() refuses, as the overflow policies will."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def submit(self, queries: list, **options: object) -> str:
+        raise self.error
+
+
+@pytest.mark.parametrize(("error", "status", "field", "retry_after"), [
+    (kev.RejectedError("channel pool full (overflow_policy: reject)"), 429, None, "1"),
+    (TimeoutError("no channel free after 5s"), 503, None, "1"),
+    (kev.InvalidRequestError("max_parallel: must be a positive integer, got 0"), 422, "max_parallel", None),
+])
+def test_engine_refusals_map_to_http(error: Exception, status: int, field: str | None, retry_after: str | None) -> None:
+    import asyncio
+
+    from kev.server.service import KevService
+
+    service = KevService(kev.load_config({}), ServerMetrics())
+    service.attach(RefusingEngine(error))  # type: ignore[arg-type]
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(service.submit(["q"], {}, "query"))
+    service.bridge.close()  # type: ignore[union-attr]
+    assert (refused.value.status_code, refused.value.field) == (status, field)
+    assert (refused.value.headers or {}).get("Retry-After") == retry_after
+    assert service.registry.num_inflight == 0, "a refused submission gives its slot back"
