@@ -53,7 +53,7 @@ def ask(page: Any, rows: list[tuple[str, int | None]]) -> None:
 def wait_for_lanes(page: Any, count: int) -> None:
     from playwright.sync_api import expect
     expect(page.locator(".lane")).to_have_count(count)
-    expect(page.locator(".lane[data-status=queued], .lane[data-status=streaming]")).to_have_count(0)
+    expect(page.locator(".lane:not([data-finished])")).to_have_count(0)
 
 
 def api_answers(server: ServerProcess, questions: list[str]) -> list[dict[str, Any]]:

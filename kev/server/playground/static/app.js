@@ -10,8 +10,10 @@ const $ = (id) => document.getElementById(id);
 
 const api = new Api();
 const rows = new Rows($("rows"), $("row-template"));
-const state = { lanes: [], sent: null, controller: null, byChannel: new Map() };
-const pool = new PoolPanel(api, { onChannels: showBuckets, onAuthError: askForKey });
+const state = { lanes: [], sent: null, requestId: null, controller: null };
+const pool = new PoolPanel(api, {
+  onChannels: showBuckets, onAuthError: askForKey, isMine: (requestId) => requestId !== null && requestId === state.requestId,
+});
 
 function say(message) {
   $("form-message").textContent = message;
@@ -52,6 +54,7 @@ async function send(event) {
   }
   say("");
   state.sent = body;
+  state.requestId = null;
   state.lanes = renderLanes($("lanes"), body.queries.map((q) => ({ text: typeof q === "string" ? q : q.text })));
   state.controller = new AbortController();
   setBusy(true);
@@ -118,7 +121,7 @@ async function verify() {
   setBusy(false);
 }
 
-/** While a request runs, /v1/channels tells which channel holds which question (and its bucket). */
+/** While a request runs, /v1/channels tells which channel holds which question, its bucket, and prefill. */
 function showBuckets(channels) {
   if (!state.controller || !state.requestId) return;
   for (const c of channels) {
@@ -126,6 +129,7 @@ function showBuckets(channels) {
     if (lane && !lane.result) {
       lane.setChannel(c.channel_id);
       if (c.hash_bucket !== undefined) lane.setBucket(c.hash_bucket);
+      if (c.state === "prefill" && lane.isWaiting) lane.setStatus("prefill");
     }
   }
 }

@@ -1,7 +1,7 @@
 // One lane per question: its channel, streamed text, final audit fields and verify mark.
 // Text goes in with textContent only, so an answer can never inject markup into the page.
 
-const STATUS_TEXT = { queued: "queued", streaming: "streaming", ok: "done" };
+const STATUS_TEXT = { queued: "queued", prefill: "prefill", streaming: "streaming", ok: "done" };
 
 export class Lane {
   constructor(index, question) {
@@ -26,6 +26,10 @@ export class Lane {
     this.part("status").textContent = STATUS_TEXT[status] || status;
   }
 
+  get isWaiting() {
+    return this.root.dataset.status === "queued" || this.root.dataset.status === "prefill";
+  }
+
   setChannel(channelId) {
     this.channelId = channelId;
     this.part("channel").textContent = channelId === null ? `channel ${this.result ? "none" : "…"}` : `channel ${channelId}`;
@@ -40,7 +44,7 @@ export class Lane {
   onDelta(delta) {
     if (this.result) return;
     if (delta.channel_id !== undefined && delta.channel_id !== this.channelId) this.setChannel(delta.channel_id);
-    if (this.root.dataset.status === "queued") this.setStatus("streaming");
+    if (this.isWaiting) this.setStatus("streaming");
     this.part("text").append(delta.text);
     this.tokenIds.push(...(delta.token_ids || []));
   }
@@ -52,12 +56,14 @@ export class Lane {
     this.setBucket(result.hash_bucket ?? null);
     this.part("text").textContent = result.text;  // the final text is authoritative
     this.setStatus(result.status);
+    this.root.dataset.finished = "true";
     this.showAudit(result);
   }
 
   fail(message) {
     if (this.result) return;
     this.setStatus("error");
+    this.root.dataset.finished = "true";
     this.addAudit("error", message);
   }
 

@@ -6,8 +6,9 @@ const POLL_MS = 700;
 const WINDOW_S = 120;  // the charts show the last two minutes
 
 export class PoolPanel {
-  constructor(api, { onChannels, onAuthError }) {
+  constructor(api, { onChannels, onAuthError, isMine }) {
     this.api = api;
+    this.isMine = isMine;  // (request_id) => bool: the page's own request shows its lane numbers
     this.onChannels = onChannels;  // (channels) => void: lanes learn their hash bucket early
     this.onAuthError = onAuthError;
     this.steps = [];
@@ -49,7 +50,7 @@ export class PoolPanel {
 
   async refreshChannels() {
     const body = await this.api.get("/v1/channels");
-    const tiles = body.channels.map((c) => channelTile(c));
+    const tiles = body.channels.map((c) => channelTile(c, this.isMine(c.request_id)));
     this.el("pool").replaceChildren(...tiles);
     const size = body.channels.length;
     this.el("pool-summary").textContent =
@@ -82,9 +83,9 @@ export class PoolPanel {
   }
 }
 
-function channelTile(c) {
+function channelTile(c, mine) {
   const tile = document.createElement("li");
-  tile.className = "channel";
+  tile.className = mine ? "channel mine" : "channel";
   tile.dataset.state = c.state;
   const who = c.request_id ? `, request ${c.request_id.slice(0, 6)} question #${c.index + 1}, ${c.tokens} tokens` : "";
   tile.title = `channel ${c.channel_id}: ${c.state}${who}; served ${c.num_served}`;
@@ -92,7 +93,8 @@ function channelTile(c) {
   const id = document.createElement("span");
   id.textContent = c.channel_id;
   const what = document.createElement("small");
-  what.textContent = c.request_id ? `#${c.index + 1}` : c.state === "idle" ? "·" : c.state;
+  // Our lanes by number; another caller's question by the start of its request id.
+  what.textContent = !c.request_id ? "·" : mine ? `#${c.index + 1}` : c.request_id.slice(0, 4);
   tile.append(id, what);
   return tile;
 }

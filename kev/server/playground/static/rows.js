@@ -1,4 +1,5 @@
-// The question rows: add, remove, paste several lines, Enter for a new row; each with its own timeout_ms.
+// The question rows: add, remove, paste several lines, Enter for a new row (Shift+Enter: a line break);
+// each row may carry its own timeout_ms.
 
 export class Rows {
   constructor(list, template) {
@@ -55,7 +56,7 @@ export class Rows {
   renumber() {
     this.rows.forEach((row, i) => {
       row.querySelector(".row-number").textContent = `Question ${i + 1}`;
-      row.querySelector(".row-timeout-label").textContent = `timeout_ms of question ${i + 1}`;
+      row.querySelector(".row-timeout-name").textContent = `timeout_ms of question ${i + 1}`;
       row.querySelector(".q-remove").setAttribute("aria-label", `Remove question ${i + 1}`);
     });
   }
