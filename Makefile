@@ -19,7 +19,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(BIN)/kev run --max-tokens 48 \
+	$(BIN)/kev run --max-tokens 48 --timeout-ms 300000 \
 		"Kev的隔离通道是如何实现的" \
 		"帮我总结一下Transformer的注意力机制" \
 		"写出一个Python快速排序示例" \

@@ -1,10 +1,26 @@
 """Kev: many independent questions, one forward pass, isolated channels."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from kev.aggregator.result import Result
 from kev.config import KevConfig, load_config
-from kev.engine.engine import Engine
 from kev.engine.request import StreamEvent
-from kev.errors import ConfigError, InvalidRequestError, KevError, RejectedError, UnknownRequestError
+from kev.errors import (ConfigError, InvalidRequestError, KevError, OverflowTimeoutError, RejectedError,
+                        UnknownRequestError)
 
-__all__ = ["ConfigError", "Engine", "InvalidRequestError", "KevConfig", "KevError", "RejectedError", "Result",
-           "StreamEvent", "UnknownRequestError", "load_config"]
+if TYPE_CHECKING:
+    from kev.engine.engine import Engine
+
+__all__ = ["ConfigError", "Engine", "InvalidRequestError", "KevConfig", "KevError", "OverflowTimeoutError",
+           "RejectedError", "Result", "StreamEvent", "UnknownRequestError", "load_config"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The engine (and torch) load on first use, so `import kev.router...` stays torch-free.
+    if name == "Engine":
+        from kev.engine.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'kev' has no attribute {name!r}")

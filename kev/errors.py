@@ -17,5 +17,9 @@ class RejectedError(KevError):
     """The channel pool is full and the overflow policy said no."""
 
 
+class OverflowTimeoutError(KevError, TimeoutError):
+    """overflow_policy `wait`: no channel had room for a question within its timeout."""
+
+
 class UnknownRequestError(KevError, KeyError):
     """A request_id that this engine never issued (or already forgot)."""

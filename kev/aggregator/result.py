@@ -26,7 +26,9 @@ class Result:
     isolation: str = "strict"
     strategy: str = ""
     hash_bucket: int | None = None
+    category: str | None = None  # the router.categories group it was routed in
     rerouted: bool = False
+    queue_ms: float = 0.0  # submit → start in its channel (or → its end, if it never started)
     original_text: str | None = None
     normalized_text: str | None = None
     numerics_fingerprint: str = ""

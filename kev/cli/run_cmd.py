@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--isolation", choices=["strict", "shared", "loose"])
     parser.add_argument("--system", help="a shared system prompt")
+    parser.add_argument("--timeout-ms", type=int, help="per-question timeout (default: aggregator.timeout_ms)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all answers")
     parser.add_argument("--json", action="store_true", help="one JSON object per result per line")
 
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     with Engine(config) as engine:
         results = engine.generate(args.queries, timeout=args.timeout, max_tokens=args.max_tokens,
                                   temperature=args.temperature, seed=args.seed, isolation=args.isolation,
-                                  system=args.system)
+                                  system=args.system, timeout_ms=args.timeout_ms)
         steps = engine.num_steps
     if args.json:
         for result in results:
@@ -44,7 +45,7 @@ def print_table(results: list[Result], steps: int) -> None:
     for column in ("channel_id", "elapsed_ms", "prompt", "completion", "finish", "text"):
         table.add_column(column, overflow="fold")
     for r in results:
-        text = r.text.strip() if r.status == "ok" else f"[{r.status}] {r.error or r.text}"
+        text = r.text.strip() if r.status == "ok" else f"[{r.status}: {r.error}] {r.text.strip()}"
         table.add_row(str(r.channel_id), f"{r.elapsed_ms:.0f}", str(r.prompt_tokens), str(r.completion_tokens),
                       r.finish_reason or "", text)
     Console(width=160).print(table)

@@ -4,6 +4,7 @@ Models are frozen and forbid unknown keys: a typo is an error that names the key
 """
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -20,14 +21,36 @@ class DeployConfig(_Section):
     workers: int = Field(1, ge=1)
 
 
+DEFAULT_FILLER_WORDS = ("嗯", "啊", "呃", "额", "哦", "唔", "那个", "um", "umm", "uh", "uhh", "uhm", "er", "erm",
+                        "hmm", "well", "so", "ok", "okay")
+DEFAULT_GREETINGS = ("你好", "您好", "你们好", "大家好", "hello", "hi", "hey", "hi there", "hello there", "greetings",
+                     "good morning", "good afternoon", "good evening", "dear assistant", "在吗", "在不在", "亲",
+                     "亲亲", "客服", "打扰一下", "打扰了", "请问一下", "请问", "想问一下", "我想问一下", "问一下",
+                     "麻烦问一下", "麻烦问下", "quick question", "i have a question")
+
+
 class RouterConfig(_Section):
-    strategy: Literal["semantic_hash", "consistent_hash", "round_robin", "length_aware"] = "round_robin"
+    strategy: Literal["semantic_hash", "consistent_hash", "round_robin", "length_aware"] = "semantic_hash"
     max_parallel_queries: int = Field(8, ge=1, le=1024)
     channel_pool_size: int = Field(16, ge=1, le=4096)
+    # A channel can take a question while fewer than this many wait in its own queue;
+    # when no channel of the question's group can, overflow_policy applies.
+    channel_queue_depth: int = Field(8, ge=1, le=1_000_000)
     overflow_policy: Literal["wait", "queue", "reject"] = "wait"
-    max_queue: int = Field(1024, ge=0)
+    max_queue: int = Field(1024, ge=0)  # the overflow FIFO of policy `queue`
+    normalize: bool = True
+    filler_words: tuple[str, ...] = DEFAULT_FILLER_WORDS
+    greetings: tuple[str, ...] = DEFAULT_GREETINGS
+    num_buckets: int = Field(64, ge=1, le=1 << 16)  # SimHash buckets: a power of two (one hyperplane per bit)
+    hash_seed: int = 0
+    virtual_nodes: int = Field(64, ge=1, le=4096)
+    epsilon: float = Field(0.25, gt=0.0, le=100.0)  # bounded loads: no channel above (1+ε)× the mean load
+    breaker_threshold: int | None = Field(2, ge=0)  # queue length at which new work goes elsewhere; null = off
+    length_tiers: tuple[int, ...] = (256,)  # prompt-token boundaries of length_aware's tiers
+    categories: dict[str, tuple[str, ...]] = {}  # name -> regexes, matched before hashing, first match wins
     default_max_tokens: int = Field(256, ge=1)
     max_tokens_cap: int = Field(4096, ge=1)
+    timeout_ms_cap: int = Field(600_000, ge=1)
 
     @model_validator(mode="after")
     def _pool_holds_parallel(self) -> RouterConfig:
@@ -43,16 +66,63 @@ class RouterConfig(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _routing_is_consistent(self) -> RouterConfig:
+        if self.num_buckets & (self.num_buckets - 1):
+            raise ValueError(f"router.num_buckets ({self.num_buckets}) must be a power of two (SimHash bits)")
+        if self.breaker_threshold is not None and self.breaker_threshold >= self.channel_queue_depth:
+            raise ValueError(f"router.breaker_threshold ({self.breaker_threshold}) must be below "
+                             f"router.channel_queue_depth ({self.channel_queue_depth}), or it never trips")
+        if any(t < 1 for t in self.length_tiers) or list(self.length_tiers) != sorted(set(self.length_tiers)):
+            raise ValueError(f"router.length_tiers {list(self.length_tiers)} must be ascending positive token counts")
+        for name, patterns in self.categories.items():
+            if name == "other" or not patterns:
+                raise ValueError(f"router.categories.{name}: needs a name other than 'other' and at least one pattern")
+            for pattern in patterns:
+                try:
+                    re.compile(pattern)
+                except re.error as err:
+                    raise ValueError(f"router.categories.{name}: bad regex {pattern!r}: {err}") from None
+        num_groups = (len(self.categories) + 1 if self.categories else 1) * (
+            len(self.length_tiers) + 1 if self.strategy == "length_aware" else 1)
+        if num_groups > self.max_parallel_queries:
+            key = "router.length_tiers" if self.strategy == "length_aware" else "router.categories"
+            raise ValueError(f"{key}: {num_groups} channel groups need at least one parallel slot each, "
+                             f"router.max_parallel_queries is {self.max_parallel_queries}")
+        return self
+
 
 IsolationLevel = Literal["strict", "shared", "loose"]
 ISOLATION_ORDER: dict[str, int] = {"strict": 0, "shared": 1, "loose": 2}
 
 
 class IsolationConfig(_Section):
-    level: IsolationLevel = "strict"
-    shared_prefix: bool = True
+    level: IsolationLevel = "strict"  # the loosest level a request may ask for
+    shared_prefix: bool = True  # compute a declared common system prompt once per request
     kv_cache: Literal["split", "unified", "shared_readonly"] = "split"
-    system_prompt: str | None = None
+    system_prompt: str | None = None  # declared by the operator; under loose, cached across requests
+    shadow_rate: float = Field(0.0, ge=0.0, le=1.0)  # share of questions re-run alone to verify isolation
+
+    @model_validator(mode="after")
+    def _consistent(self) -> IsolationConfig:
+        sharing = self.level in ("shared", "loose")
+        if sharing and self.kv_cache != "shared_readonly":
+            raise ValueError(f"isolation.level={self.level!r} shares prefix blocks read-only, which needs "
+                             f"isolation.kv_cache='shared_readonly' (got {self.kv_cache!r})")
+        if not sharing and self.kv_cache == "shared_readonly":
+            raise ValueError("isolation.kv_cache='shared_readonly' needs isolation.level 'shared' or 'loose' "
+                             f"(got {self.level!r}: strict never shares a block)")
+        if sharing and not self.shared_prefix:
+            raise ValueError(f"isolation.level={self.level!r} needs isolation.shared_prefix: true")
+        if self.level == "loose" and not self.system_prompt:
+            raise ValueError("isolation.level='loose' reuses only the prefix the operator declares public: "
+                             "set isolation.system_prompt (isolation.shared_prefix is true)")
+        return self
+
+
+class AuditConfig(_Section):
+    path: str | None = None  # JSON lines (steps, KV, alerts, one "result" per answer); None keeps the checks but writes nothing
+    level: Literal["summary", "full"] = "summary"  # full adds every channel's block ids per step and each answer's text
 
 
 class CoreConfig(_Section):
@@ -65,9 +135,14 @@ class CoreConfig(_Section):
     # own start, so chunking never depends on what else runs (batch invariance).
     prefill_chunk: int = Field(128, ge=1)
     max_step_tokens: int = Field(512, ge=1)
-    # Rows of every linear layer run in tiles of this many (padded): a row's bits then
-    # never depend on how many rows share the step.
+    # Rows of every linear layer run in fixed-size tiles (padded): a row's bits then never
+    # depend on how many rows share the step. Decode rows use linear_tile; the body of a
+    # prefill chunk uses prefill_tile (fewer weight reads per row).
     linear_tile: int = Field(16, ge=1, le=1024)
+    prefill_tile: int = Field(64, ge=1, le=4096)
+    # false: one GEMM over the whole step (faster, but a row's bits then depend on its
+    # neighbours); kept to measure what invariance costs.
+    batch_invariant: bool = True
     threads: int | None = Field(None, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=1)
 
@@ -91,4 +166,12 @@ class KevConfig(_Section):
     isolation: IsolationConfig = IsolationConfig()
     core: CoreConfig = CoreConfig()
     aggregator: AggregatorConfig = AggregatorConfig()
+    audit: AuditConfig = AuditConfig()
     server: ServerConfig = ServerConfig()
+
+    @model_validator(mode="after")
+    def _timeout_under_cap(self) -> KevConfig:
+        if self.aggregator.timeout_ms > self.router.timeout_ms_cap:
+            raise ValueError(f"aggregator.timeout_ms ({self.aggregator.timeout_ms}) exceeds "
+                             f"router.timeout_ms_cap ({self.router.timeout_ms_cap})")
+        return self

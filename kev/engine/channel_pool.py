@@ -1,46 +1,89 @@
-"""ChannelPool: channel_pool_size pre-created channels, reused like database connections."""
+"""ChannelPool: channel_pool_size pre-created channels, reused like database connections.
+
+A channel runs at most one question at a time; the questions the router bound to it
+wait in its own queue, highest priority first, then in arrival order. A channel can take
+a question while fewer than queue_depth wait in its queue (the router's "room").
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, field
 
 from kev.engine.question import Question
+
+
+def queue_order(q: Question) -> tuple[int, int]:
+    return (-q.priority, q.arrival or 0)
 
 
 @dataclass
 class ChannelState:
     channel_id: int
-    question: Question | None = None
+    question: Question | None = None  # the question running in it
+    queue: list[Question] = field(default_factory=list)  # bound to it, not yet running
     num_served: int = 0
 
 
 class ChannelPool:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, queue_depth: int) -> None:
         self.channels = [ChannelState(i) for i in range(size)]
-        self._next = 0  # round-robin cursor, so consecutive questions land in different channels
+        self.queue_depth = queue_depth
 
     @property
     def size(self) -> int:
         return len(self.channels)
 
-    def num_free(self) -> int:
-        return sum(1 for c in self.channels if c.question is None)
+    # --- PoolView (what the router reads) --------------------------------------
+    def load(self, channel_id: int) -> int:
+        channel = self.channels[channel_id]
+        return (channel.question is not None) + len(channel.queue)
 
+    def queue_length(self, channel_id: int) -> int:
+        return len(self.channels[channel_id].queue)
+
+    def can_take(self, channel_id: int) -> bool:
+        return len(self.channels[channel_id].queue) < self.queue_depth
+
+    # --- queries ---------------------------------------------------------------
     def is_free(self, channel_id: int) -> bool:
         return self.channels[channel_id].question is None
 
-    def acquire(self, question: Question, preferred: int | None = None) -> int | None:
-        """Bind the question to `preferred` if free, else to the next free channel round-robin."""
-        if preferred is not None and self.is_free(preferred):
-            chosen = preferred
-        else:
-            order = [(self._next + i) % self.size for i in range(self.size)]
-            chosen = next((c for c in order if self.is_free(c)), None)
-            if chosen is None:
-                return None
-            self._next = (chosen + 1) % self.size
-        self.channels[chosen].question = question
-        self.channels[chosen].num_served += 1
-        return chosen
+    def num_free(self) -> int:
+        return sum(1 for c in self.channels if c.question is None)
+
+    def num_queued(self) -> int:
+        return sum(len(c.queue) for c in self.channels)
+
+    def queued(self) -> list[Question]:
+        return [q for c in self.channels for q in c.queue]
+
+    def ready(self) -> list[Question]:
+        """The head of every idle channel's queue: the questions that could start this step."""
+        return [c.queue[0] for c in self.channels if c.question is None and c.queue]
+
+    # --- changes ---------------------------------------------------------------
+    def enqueue(self, channel_id: int, question: Question) -> None:
+        question.channel_id = channel_id
+        queue = self.channels[channel_id].queue
+        queue.insert(bisect.bisect(queue, queue_order(question), key=queue_order), question)
+
+    def remove(self, question: Question) -> bool:
+        """Take a waiting question out of its channel's queue; False if it was not queued."""
+        if question.channel_id is None:
+            return False
+        queue = self.channels[question.channel_id].queue
+        if question in queue:
+            queue.remove(question)
+            return True
+        return False
+
+    def start(self, question: Question) -> None:
+        """The queue head starts running in its channel."""
+        channel = self.channels[question.channel_id]  # type: ignore[index]
+        assert channel.question is None and channel.queue and channel.queue[0] is question
+        channel.queue.pop(0)
+        channel.question = question
+        channel.num_served += 1
 
     def release(self, channel_id: int) -> None:
         self.channels[channel_id].question = None

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -19,31 +19,42 @@ from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
 from kev.engine.engine_setup import EngineParts, build_parts
-from kev.engine.inputs import QuestionError, RequestDefaults
+from kev.engine.isolation_guard import IsolationGuard
+from kev.engine.overflow import place_all
 from kev.engine.packer import pack
 from kev.engine.postprocess import Postprocessor
 from kev.engine.request import Request, StreamEvent
 from kev.engine.sampler import sample
 from kev.engine.stats import EngineStats
 from kev.engine.submission import SubmitOptions, build_questions
-from kev.errors import InvalidRequestError, UnknownRequestError
+from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnknownRequestError
+from kev.isolation.audit import Alert, AuditLog
+from kev.model.step_metadata import StepMetadata
 
 log = logging.getLogger("kev.engine")
 
 
 class Engine:
-    def __init__(self, config: KevConfig, parts: EngineParts | None = None, record_logits: bool = False) -> None:
+    def __init__(self, config: KevConfig, parts: EngineParts | None = None, record_logits: bool = False,
+                 background: bool = True) -> None:
+        """background=False: no loop thread; wait() and run_until_idle() drive step() in the caller."""
         self.config = config
         self.parts = parts or build_parts(config)
         self.tokenizer, self.runner, self.scheduler = self.parts.tokenizer, self.parts.runner, self.parts.scheduler
         self.record_logits = record_logits
         self.requests: dict[str, Request] = {}
-        self.post = Postprocessor(self.parts, self.requests, record_logits)
+        self.audit = AuditLog(config.audit.path, config.audit.level)
+        self.parts.blocks.on_change = self.audit.on_blocks
+        self.post = Postprocessor(self.parts, self.requests, record_logits, self.audit)
+        self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler, self.post)
+        self.metadata_hook: Callable[[StepMetadata], None] | None = None
         self._lock = threading.Condition()
         self._closed = False
         self.stats = EngineStats()
-        self._thread = threading.Thread(target=self._loop, name="kev-engine", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="kev-engine", daemon=True)
+            self._thread.start()
 
     @classmethod
     def from_config(cls, source: ConfigSource = None, **kwargs: Any) -> Engine:
@@ -53,31 +64,45 @@ class Engine:
     def submit(self, queries: list[Any], isolation: str | None = None, max_parallel: int | None = None,
                max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
                top_k: int | None = None, seed: int | None = None, stop: list[str] | str | None = None,
-               timeout_ms: int | None = None, system: str | None = None) -> str:
-        """Queue the questions; returns a request_id at once. Bad questions become error results."""
-        options = SubmitOptions.validate(self.config, isolation, max_parallel, max_tokens, temperature,
-                                         top_p, top_k, seed, stop, timeout_ms, system)
+               timeout_ms: int | None = None, system: str | None = None, ignore_eos: bool | None = None) -> str:
+        """Route the questions to channels; returns a request_id. Bad questions become error results.
+
+        When no channel can take a question, router.overflow_policy decides: `wait` blocks
+        here (OverflowTimeoutError after the question's timeout_ms), `queue` and `reject`
+        return at once or raise RejectedError."""
+        sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                    "seed": seed, "stop": stop, "ignore_eos": ignore_eos}
+        options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
         request_id = uuid.uuid4().hex[:16]
         request = Request(request_id, len(queries), options.isolation)
-        questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config)
+        questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config,
+                                            self.runner.model.config.vocab_size, self.parts.router)
         with self._lock:
             if self._closed:
                 raise InvalidRequestError("engine is closed")
             self.requests[request_id] = request
             self.scheduler.request_parallel[request_id] = options.max_parallel
-            for result in errors:
+            request.questions.update((q.index, q) for q in questions)
+            try:
+                place_all(self.scheduler, questions, self.config.router.overflow_policy, self._wait_for_room)
+            except (RejectedError, OverflowTimeoutError):
+                del self.requests[request_id], self.scheduler.request_parallel[request_id]
+                raise
+            finally:
+                self._lock.notify_all()
+            for result in errors:  # only an accepted request has results
+                if result.error and "core.max_context" in result.error:
+                    self.audit.alert(Alert("context_overflow", f"request {request_id}: {result.error}"))
                 self.post.complete_error(request, result)
-            for q in questions:
-                request.questions[q.index] = q
-                self.scheduler.add(q)
-            self._lock.notify_all()
         return request_id
 
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
         """Block until every question of the request has a result; ordered by aggregator.mode."""
         request = self._request(request_id)
+        if self._thread is None:
+            self.run_until_idle()
         if not request.done.wait(timeout):
             raise TimeoutError(f"request {request_id}: {len(request.results)}/{request.num_questions} results after {timeout}s")
         return self.results(request_id)
@@ -120,7 +145,8 @@ class Engine:
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        self._thread.join(timeout=30)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
 
     def __enter__(self) -> Engine:
         return self
@@ -135,16 +161,30 @@ class Engine:
         with self._lock:
             self.post.expire_deadlines()
             work = self.scheduler.schedule()
-        if not work:
-            return 0
-        meta = pack(work, self.parts.blocks, self.runner.model.tile, self.runner.device)
+            self._lock.notify_all()  # admission made room in channel queues: wake `wait` submitters
+            if not work:
+                return 0
+            self.runner.copy_slots(self.scheduler.prefixes.take_copies())
+            meta = pack(work, self.parts.blocks, self.runner.plan, self.runner.device)
+            if self.metadata_hook is not None:  # fault injection in tests
+                self.metadata_hook(meta)
+            if not self.guard.check(meta):
+                return 0
         logits = self.runner.run(meta)
         sampling = [w.question for w in work if w.samples]
         tokens = sample(logits, sampling)
         with self._lock:
             self.post.apply(work, sampling, tokens, logits)
-        self.stats.record(len(work), meta.num_tokens, len(tokens), (time.perf_counter() - started) * 1000)
+            self.scheduler.prefixes.after_step()
+            self._lock.notify_all()
+        prefix_tokens = sum(w.length for w in work if w.question.index < 0)
+        self.stats.record(len(work), meta.num_tokens, len(tokens), (time.perf_counter() - started) * 1000, prefix_tokens)
         return meta.num_tokens
+
+    @property
+    def is_background(self) -> bool:
+        """True when a loop thread drives the steps; False when the caller does (wait(), run_until_idle())."""
+        return self._thread is not None
 
     @property
     def num_steps(self) -> int:
@@ -162,6 +202,7 @@ class Engine:
                     "request_id": q.request_id if q else None,
                     "index": q.index if q else None,
                     "tokens": q.num_tokens if q else 0,
+                    "queued": len(channel.queue),
                     "kv_blocks": len(self.parts.blocks.block_table(channel.channel_id)),
                     "num_served": channel.num_served,
                 })
@@ -169,7 +210,19 @@ class Engine:
 
     def queue_length(self) -> int:
         with self._lock:
-            return len(self.scheduler.waiting)
+            return len(self.scheduler.waiting())
+
+    def run_until_idle(self) -> None:
+        while self.scheduler.has_work():
+            self.step()
+
+    def _wait_for_room(self, seconds: float) -> None:
+        """overflow_policy `wait`, lock held: let the engine free a channel queue."""
+        if self._thread is None:
+            self.step()  # no loop thread: the blocked caller drives the engine itself
+        else:
+            self._lock.notify_all()  # the loop may be asleep: what was placed so far is work for it
+            self._lock.wait(seconds)
 
     def _loop(self) -> None:
         while True:

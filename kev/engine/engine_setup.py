@@ -11,14 +11,20 @@ import torch
 
 from kev.config import KevConfig
 from kev.engine.channel_pool import ChannelPool
+from kev.engine.embedder import MeanEmbedder
 from kev.engine.model_runner import ModelRunner
+from kev.engine.packer import TilePlan
+from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.errors import ConfigError
 from kev.isolation.block_manager import BlockManager
+from kev.isolation.memory_plan import kv_pool_blocks
+from kev.isolation.prefix_store import PrefixStore
 from kev.model.llama import LlamaModel
 from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
 from kev.model.weights import load_model
+from kev.router.router import Router
 
 log = logging.getLogger("kev.engine")
 
@@ -30,6 +36,7 @@ class EngineParts:
     blocks: BlockManager
     pool: ChannelPool
     scheduler: Scheduler
+    router: Router
 
 
 def pick_device(name: str) -> torch.device:
@@ -55,20 +62,19 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
         model, tokenizer = load_model_and_tokenizer(config)
     core, router = config.core, config.router
     unified = config.isolation.kv_cache == "unified"
-    blocks_per_channel = -(-core.max_context // core.block_size)
-    if unified:
-        num_blocks = router.channel_pool_size * blocks_per_channel
-    elif core.kv_cache_tokens:
-        num_blocks = -(-core.kv_cache_tokens // core.block_size)
-    else:
-        num_blocks = router.max_parallel_queries * blocks_per_channel
+    num_blocks = kv_pool_blocks(config.isolation.kv_cache, core.max_context, core.block_size,
+                                router.max_parallel_queries, router.channel_pool_size, core.kv_cache_tokens)
     blocks = BlockManager(num_blocks, core.block_size)
     if unified:
         for channel in range(router.channel_pool_size):
             blocks.reserve(channel, core.max_context)
-    runner = ModelRunner(model, num_blocks, core.block_size)
+    runner = ModelRunner(model, num_blocks, core.block_size, TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant))
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
-    limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context, unified)
-    pool = ChannelPool(router.channel_pool_size)
-    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool))
+    limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context,
+                             unified, router.max_queue)
+    pool = ChannelPool(router.channel_pool_size, router.channel_queue_depth)
+    prefixes = PrefixJobs(blocks, PrefixStore(blocks))
+    gateway = Router(router, MeanEmbedder(model.embed_tokens.weight, tokenizer))
+    log.info("router: %s, channel groups %s", router.strategy, [(g.name, len(g.channels), g.slots) for g in gateway.layout.groups])
+    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool, prefixes, gateway), gateway)

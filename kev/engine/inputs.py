@@ -11,8 +11,9 @@ from typing import Any
 
 from kev.engine.question import SamplingParams
 
-OVERRIDES = {"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "timeout_ms", "priority"}
-CONTENT_KEYS = ("text", "messages", "prompt")
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+OVERRIDES = {*SAMPLING_FIELDS, "timeout_ms", "priority"}
+CONTENT_KEYS = ("text", "messages", "prompt", "prompt_ids")
 
 
 class QuestionError(ValueError):
@@ -21,63 +22,81 @@ class QuestionError(ValueError):
 
 @dataclass
 class RequestDefaults:
-    max_tokens: int
+    sampling: SamplingParams
     max_tokens_cap: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
     timeout_ms: int = 10000
     system: str | None = None
+    system_is_public: bool = False  # the operator's config system prompt, not the caller's
+    timeout_ms_cap: int = 600_000
 
 
 @dataclass
 class QuestionSpec:
     messages: list[dict[str, str]] | None  # chat messages, rendered with the chat template
     raw_prompt: str | None  # a prompt used as-is (no template)
-    original_text: str
+    original_text: str | None
     sampling: SamplingParams
     timeout_ms: int
     priority: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    prompt_ids: list[int] | None = None  # token ids used as-is
+
 
 
 def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionSpec:
     where = f"queries[{index}]"
     options: dict[str, Any] = {}
     if isinstance(raw, str):
-        messages, prompt = [{"role": "user", "content": _text(raw, where)}], None
+        messages, prompt, prompt_ids = [{"role": "user", "content": _text(raw, where)}], None, None
     elif isinstance(raw, list):
-        messages, prompt = _messages(raw, where), None
+        messages, prompt, prompt_ids = _messages(raw, where), None, None
     elif isinstance(raw, dict):
         unknown = set(raw) - OVERRIDES - set(CONTENT_KEYS)
         if unknown:
             raise QuestionError(f"{where}: unknown field(s) {sorted(unknown)}")
         present = [k for k in CONTENT_KEYS if k in raw]
         if len(present) != 1:
-            raise QuestionError(f"{where}: needs exactly one of 'text', 'messages' or 'prompt' (got {present or 'none'})")
+            raise QuestionError(f"{where}: needs exactly one of {', '.join(CONTENT_KEYS)} (got {present or 'none'})")
         key = present[0]
-        messages, prompt = None, None
+        messages, prompt, prompt_ids = None, None, None
         if key == "text":
             messages = [{"role": "user", "content": _text(raw["text"], f"{where}.text")}]
         elif key == "messages":
             messages = _messages(raw["messages"], f"{where}.messages")
-        else:
+        elif key == "prompt":
             prompt = _text(raw["prompt"], f"{where}.prompt")
+        else:
+            prompt_ids = _token_ids(raw["prompt_ids"], f"{where}.prompt_ids")
         options = {k: raw[k] for k in OVERRIDES if k in raw}
     else:
         raise QuestionError(f"{where}: must be a string, a list of messages or a dict, got {type(raw).__name__}")
     if messages is not None and defaults.system and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": defaults.system}, *messages]
-    original = prompt if prompt is not None else messages[-1]["content"]  # type: ignore[index]
-    return QuestionSpec(messages, prompt, original, _sampling(options, defaults, where),
-                        _int(options.get("timeout_ms", defaults.timeout_ms), f"{where}.timeout_ms", 1),
-                        _int(options.get("priority", 0), f"{where}.priority", None))
+    original = prompt if prompt is not None else (messages[-1]["content"] if messages else None)
+    sampling = validate_sampling(options, defaults.sampling, defaults.max_tokens_cap, where + ".")
+    return QuestionSpec(messages, prompt, original, sampling,
+                        validate_timeout(options.get("timeout_ms", defaults.timeout_ms), defaults.timeout_ms_cap, where + "."),
+                        _int(options.get("priority", 0), f"{where}.priority", None), prompt_ids)
 
 
-def validate_sampling(max_tokens: Any, temperature: Any, top_p: Any, top_k: Any, seed: Any, stop: Any, cap: int, where: str) -> SamplingParams:
-    """Shared by request-level and question-level overrides so both give the same messages."""
+def validate_timeout(timeout_ms: Any, cap: int, where: str) -> int:
+    timeout_ms = _int(timeout_ms, f"{where}timeout_ms", 1)
+    if timeout_ms > cap:
+        raise QuestionError(f"{where}timeout_ms: {timeout_ms} exceeds the cap router.timeout_ms_cap={cap}")
+    return timeout_ms
+
+
+def _token_ids(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not value or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                          for t in value):
+        raise QuestionError(f"{where}: must be a non-empty list of token ids (non-negative integers)")
+    return value
+
+
+def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, where: str) -> SamplingParams:
+    """base with the given overrides applied; shared by request- and question-level checks so both give the same messages."""
+    pick = lambda key: values[key] if values.get(key) is not None else getattr(base, key)  # noqa: E731
+    max_tokens, temperature, top_p, top_k = pick("max_tokens"), pick("temperature"), pick("top_p"), pick("top_k")
+    seed, stop, ignore_eos = pick("seed"), pick("stop"), pick("ignore_eos")
     max_tokens = _int(max_tokens, f"{where}max_tokens", 1)
     if max_tokens > cap:
         raise QuestionError(f"{where}max_tokens: {max_tokens} exceeds the cap router.max_tokens_cap={cap}")
@@ -92,13 +111,9 @@ def validate_sampling(max_tokens: Any, temperature: Any, top_p: Any, top_k: Any,
         stop = (stop,)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise QuestionError(f"{where}stop: must be a non-empty string or a list of them")
-    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop))
-
-
-def _sampling(options: dict[str, Any], d: RequestDefaults, where: str) -> SamplingParams:
-    pick = lambda key, default: options.get(key, default)  # noqa: E731
-    return validate_sampling(pick("max_tokens", d.max_tokens), pick("temperature", d.temperature), pick("top_p", d.top_p),
-                             pick("top_k", d.top_k), pick("seed", d.seed), pick("stop", d.stop), d.max_tokens_cap, where + ".")
+    if not isinstance(ignore_eos, bool):
+        raise QuestionError(f"{where}ignore_eos: must be true or false, got {ignore_eos!r}")
+    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos)
 
 
 def _text(value: Any, where: str) -> str:

@@ -6,14 +6,15 @@ import platform
 
 import torch
 
+from kev.engine.packer import TilePlan
 from kev.model.attention import PagedKVLayer
 from kev.model.llama import LlamaModel
 from kev.model.step_metadata import StepMetadata
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
-        self.model = model
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: TilePlan) -> None:
+        self.model, self.plan = model, plan
         cfg = model.config
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -21,12 +22,21 @@ class ModelRunner:
             PagedKVLayer(num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
             for _ in range(cfg.num_layers)
         ]
-        self.fingerprint = numerics_fingerprint(self.dtype, self.device, model.tile)
+        self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan)
 
     @torch.inference_mode()
     def run(self, meta: StepMetadata) -> torch.Tensor:
         """fp32 logits [num_samples, vocab] for meta.sample_rows."""
         return self.model(meta, self.caches)
+
+    @torch.inference_mode()
+    def copy_slots(self, copies: list[tuple[list[int], list[int]]]) -> None:
+        """Copy K/V between cache slots in every layer (a shared prefix into a channel's private blocks)."""
+        for source, destination in copies:
+            src = torch.tensor(source, dtype=torch.long, device=self.device)
+            dst = torch.tensor(destination, dtype=torch.long, device=self.device)
+            for cache in self.caches:
+                cache.copy_slots(src, dst)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -34,8 +44,8 @@ class ModelRunner:
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
 
 
-def numerics_fingerprint(dtype: torch.dtype, device: torch.device, tile: int) -> str:
+def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan) -> str:
     """A short hash of everything that decides the bits of an answer."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
-    parts = [str(dtype), device.type, device_kind, f"tile={tile}", "attn=paged-per-channel-sdpa", torch.__version__]
+    parts = [str(dtype), device.type, device_kind, f"tiles={plan.small}/{plan.big}" if plan.invariant else "tiles=step", "attn=paged-per-channel-sdpa", torch.__version__]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

@@ -1,5 +1,13 @@
-"""Pack a step's work into StepMetadata: one flat token batch, per-channel spans, no padding between channels."""
+"""Pack a step's work into StepMetadata: one flat token batch, per-channel spans.
+
+Tile plan (why rows are laid out this way): a row's bits depend on the size of the
+GEMM tile it is multiplied in, so that size must depend only on the row's own
+question. Decode rows (one per channel) share small tiles; each prefill chunk gets
+tiles of its own, big ones first, padded with zero rows that are never read back.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -8,33 +16,76 @@ from kev.isolation.block_manager import BlockManager
 from kev.model.step_metadata import ChannelSpan, StepMetadata
 
 
-def pack(work: list[Work], blocks: BlockManager, tile: int, device: torch.device) -> StepMetadata:
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slot_mapping: list[int] = []
+@dataclass(frozen=True)
+class TilePlan:
+    small: int  # decode rows
+    big: int  # the body of a prefill chunk
+    invariant: bool = True  # False: the whole step is one GEMM (for measuring what invariance costs)
+
+    def for_chunk(self, length: int) -> list[int]:
+        """Big tiles, then one tile (small, 2×small, … up to big) for the rest: one padded
+        GEMM reads the weights once, which costs less than several small ones."""
+        body, tail = divmod(length, self.big)
+        tiles = [self.big] * body
+        if tail:
+            tile = self.small
+            while tile < tail:
+                tile = min(tile * 2, self.big)
+            tiles.append(tile)
+        return tiles
+
+    def for_decode(self, num_rows: int) -> list[int]:
+        return [self.small] * -(-num_rows // self.small)
+
+
+class _Rows:
+    """Accumulates rows and their tiles."""
+
+    def __init__(self) -> None:
+        self.input_ids: list[int] = []
+        self.positions: list[int] = []
+        self.token_rows: list[int] = []
+        self.tiles: list[int] = []
+
+    def add(self, ids: list[int], start_position: int) -> int:
+        first = len(self.input_ids)
+        self.token_rows.extend(range(first, first + len(ids)))
+        self.input_ids.extend(ids)
+        self.positions.extend(range(start_position, start_position + len(ids)))  # restart in every channel
+        return first
+
+    def close_tiles(self, tiles: list[int]) -> None:
+        padding = sum(tiles) - (len(self.input_ids) - sum(self.tiles))
+        self.input_ids.extend([0] * padding)
+        self.positions.extend([0] * padding)
+        self.tiles.extend(tiles)
+
+
+def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.device) -> StepMetadata:
+    rows = _Rows()
     spans: list[ChannelSpan] = []
+    slot_mapping: list[int] = []
     sample_rows: list[int] = []
-    for w in work:
-        q, channel = w.question, w.question.channel_id
-        assert channel is not None
-        end = w.start + w.length
-        q_start = len(input_ids)
-        input_ids.extend(q.all_ids[w.start:end])
-        positions.extend(range(w.start, end))  # positions restart at 0 in every channel
-        slot_mapping.extend(blocks.slots(channel, w.start, end))
-        kv_slots = torch.tensor(blocks.slots(channel, 0, end), dtype=torch.long, device=device)
-        spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device), w.start == 0))
-        if w.samples:
-            sample_rows.append(q_start + w.length - 1)
-    num_tokens = len(input_ids)
-    padding = (-num_tokens) % tile
+    decode = [w for w in work if w.length == 1 and w.start >= len(w.question.prompt_ids)]
+    prefill = [w for w in work if w not in decode]
+    for group in [decode] + [[w] for w in prefill]:
+        for w in group:
+            q, channel, end = w.question, w.question.channel_id, w.start + w.length
+            assert channel is not None
+            q_start = rows.add(q.all_ids[w.start:end], w.start)
+            slot_mapping.extend(blocks.slots(channel, w.start, end))
+            kv_slots = torch.tensor(blocks.slots(channel, 0, end), dtype=torch.long, device=device)
+            spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device), w.start == 0,
+                                     q.prefix_len))
+            if w.samples:
+                sample_rows.append(q_start + w.length - 1)
+        if group:
+            rows.close_tiles(plan.for_decode(len(group)) if group is decode else plan.for_chunk(group[0].length))
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
     return StepMetadata(
-        input_ids=as_tensor(input_ids + [0] * padding),
-        positions=as_tensor(positions + [0] * padding),
-        num_tokens=num_tokens,
-        slot_mapping=as_tensor(slot_mapping),
-        spans=spans,
+        input_ids=as_tensor(rows.input_ids), positions=as_tensor(rows.positions),
+        tiles=rows.tiles if plan.invariant else [sum(rows.tiles)],
+        token_rows=as_tensor(rows.token_rows), slot_mapping=as_tensor(slot_mapping), spans=spans,
         sample_rows=as_tensor(sample_rows),
     )
 

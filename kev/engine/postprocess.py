@@ -5,20 +5,24 @@ import time
 
 import torch
 
+from kev.aggregator.audit_records import result_fields
 from kev.aggregator.result import Result
 from kev.engine.engine_setup import EngineParts
 from kev.engine.question import Phase, Question
 from kev.engine.request import Request, StreamEvent
 from kev.engine.scheduler import Work
+from kev.engine.submission import shadow_copy
+from kev.isolation.audit import Alert, AuditLog
 
 
 class Postprocessor:
-    def __init__(self, parts: EngineParts, requests: dict[str, Request], record_logits: bool) -> None:
-        self.scheduler, self.requests, self.record_logits = parts.scheduler, requests, record_logits
+    def __init__(self, parts: EngineParts, requests: dict[str, Request], record_logits: bool, audit: AuditLog) -> None:
+        self.scheduler, self.requests, self.record_logits, self.audit = parts.scheduler, requests, record_logits, audit
+        self.tokenizer = parts.tokenizer
         self.eos_ids = set(parts.tokenizer.eos_token_ids) | set(parts.runner.model.config.eos_token_ids)
         self.max_context = parts.scheduler.limits.max_context
         self.fingerprint = parts.runner.fingerprint
-        self.strategy = "round_robin"
+        self.strategy = parts.router.strategy_name
 
     def apply(self, work: list[Work], sampled: list[Question], tokens: list[int], logits: torch.Tensor) -> None:
         for w in work:
@@ -28,7 +32,7 @@ class Postprocessor:
                 continue
             q.phase = Phase.DECODE
             q.output_ids.append(token)
-            if self.record_logits:
+            if self.record_logits or q.shadow or q.shadow_of is not None:
                 q.logits.append(logits[row].clone())
             reason = self._stop_reason(q, token)
             if reason:
@@ -38,7 +42,7 @@ class Postprocessor:
                 self._emit(q, final=False)
 
     def _stop_reason(self, q: Question, token: int) -> str | None:
-        if token in self.eos_ids:
+        if token in self.eos_ids and not q.sampling.ignore_eos:
             return "stop"
         q.text += q.decoder.push(token)
         for stop in q.sampling.stop:
@@ -46,12 +50,18 @@ class Postprocessor:
             if cut >= 0:
                 q.text = q.text[:cut]
                 return "stop"
-        if len(q.output_ids) >= q.sampling.max_tokens or q.num_tokens >= self.max_context:
+        if len(q.output_ids) >= q.sampling.max_tokens:
+            return "length"
+        if q.num_tokens >= self.max_context:
+            self.audit.alert(Alert("truncation_near_boundary", f"request {q.request_id} question {q.index}: answer cut "
+                                   f"at channel {q.channel_id}'s context boundary ({self.max_context} tokens)", []))
             return "length"
         return None
 
     def _emit(self, q: Question, final: bool) -> None:
         """Send the text not yet streamed; hold back what could still become a stop string."""
+        if q.shadow_of is not None:
+            return  # a shadow re-run streams nothing
         held = 0 if final else max((len(s) - 1 for s in q.sampling.stop), default=0)
         safe = len(q.text) - held
         sent = getattr(q, "_sent", 0)
@@ -68,25 +78,55 @@ class Postprocessor:
             q.text += q.decoder.flush()
         self._emit(q, final=True)
         elapsed = ((q.finished_mono or time.monotonic()) - q.started_mono) * 1000 if q.started_mono else 0.0
+        queued = ((q.started_at or q.finished_at or time.time()) - q.submitted_at) * 1000
         result = Result(
             request_id=q.request_id, index=q.index, text=q.text, token_ids=list(q.output_ids),
             prompt_tokens=len(q.prompt_ids), completion_tokens=len(q.output_ids), channel_id=q.channel_id,
             elapsed_ms=round(elapsed, 3), started_at=q.started_at, finished_at=q.finished_at,
             finish_reason=q.finish_reason, status=q.status, error=q.error, isolation=q.isolation,  # type: ignore[arg-type]
             strategy=self.strategy, original_text=q.original_text, numerics_fingerprint=self.fingerprint,
-            logits=torch.stack(q.logits) if q.logits else None,
+            logits=torch.stack(q.logits) if q.logits and self.record_logits else None,
+            normalized_text=q.normalized_text, hash_bucket=q.features.bucket if q.features else None,
+            rerouted=q.rerouted, category=q.features.category if q.features else None, queue_ms=round(queued, 3),
         )
-        self.requests[q.request_id].add_result(result)
+        if q.shadow_of is not None:
+            self._verify(q.shadow_of, q)
+        elif q.shadow and q.status == "ok":
+            q.held_result = result  # delivered once the shadow re-run has verified it
+            self.scheduler.add(shadow_copy(q, self.tokenizer))
+        else:
+            self._deliver(self.requests[q.request_id], result)
+
+    def _verify(self, original: Question, shadow: Question) -> None:
+        """Compare the packed answer with its solo re-run, token by token and logit by logit."""
+        steps = max(len(original.output_ids), len(shadow.output_ids))
+        first_diff = next((i for i in range(steps) if i >= len(original.output_ids) or i >= len(shadow.output_ids)
+                           or original.output_ids[i] != shadow.output_ids[i]
+                           or not torch.equal(original.logits[i], shadow.logits[i])), None)
+        verified = shadow.status == "ok" and first_diff is None
+        result = original.held_result
+        result.isolation_verified = verified
+        self.audit.write("shadow", request_id=original.request_id, index=original.index,
+                         channel_id=original.channel_id, isolation_verified=verified, first_differing_step=first_diff)
+        if not verified:
+            self.audit.alert(Alert("shadow_mismatch", f"request {original.request_id} question {original.index}: "
+                                   f"packed answer differs from its solo re-run at step {first_diff}",
+                                   [original.channel_id] if original.channel_id is not None else []))
+        original.logits, shadow.logits = [], []
+        self._deliver(self.requests[original.request_id], result)
 
     def complete_error(self, request: Request, result: Result) -> None:
         result.started_at = result.finished_at = time.time()
+        result.strategy = self.strategy
+        self._deliver(request, result)
+
+    def _deliver(self, request: Request, result: Result) -> None:
+        self.audit.write("result", **result_fields(result, self.audit.level))
         request.add_result(result)
 
     def expire_deadlines(self) -> None:
         now = time.monotonic()
-        expired = [q for q in self.scheduler.running if now > q.deadline]
-        expired += [item[2] for item in self.scheduler.waiting if now > item[2].deadline]
-        for q in expired:
+        for q in [q for q in self.scheduler.running if now > q.deadline]:  # type: ignore[operator]
             self.scheduler.finish(q, "timeout", "timeout", f"timeout_ms passed after {len(q.output_ids)} tokens")
             self.complete(q)
 

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from kev.router.features import QuestionFeatures
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -15,6 +17,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
 
     @property
     def is_greedy(self) -> bool:
@@ -28,21 +31,29 @@ class Phase(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two questions are never "equal"
 class Question:
     request_id: str
     index: int
     prompt_ids: list[int]
     sampling: SamplingParams
-    deadline: float  # time.monotonic() after which it times out
+    timeout_ms: int  # counted from the moment the question enters its channel
     priority: int = 0
     isolation: str = "strict"
     original_text: str | None = None
+    prefix_ids: list[int] = field(default_factory=list)  # declared shared prefix (system prompt), if any
+    prefix_public: bool = False  # the prefix is the operator's config system prompt (loose may cache it)
     submitted_at: float = field(default_factory=time.time)
+    normalized_text: str | None = None
+    features: QuestionFeatures | None = None  # what the router routes on
+    arrival: int | None = None  # submission order, set by the scheduler; the tie-break after priority
+    rerouted: bool = False  # the breaker or a full queue moved it off the strategy's pick
     # --- filled in as it runs ---
     phase: Phase = Phase.WAITING
     channel_id: int | None = None
     num_computed: int = 0  # tokens whose K/V are in the channel's cache
+    prefix: Any = None  # PrefixEntry until the question has attached it
+    prefix_len: int = 0  # tokens of prefix attached; chunking restarts there
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
     started_at: float | None = None
@@ -55,6 +66,15 @@ class Question:
     generator: Any = None  # torch.Generator when sampling with a seed
     decoder: Any = None  # IncrementalDecoder for text deltas
     logits: list[Any] = field(default_factory=list)
+    seed: int | None = None  # the generator's seed (drawn at random when none was given)
+    shadow: bool = False  # re-run alone after it finishes, to verify isolation
+    shadow_of: Question | None = None  # set on the re-run: the question it verifies
+    held_result: Any = None  # the verified question's Result, delivered once the shadow finishes
+
+    @property
+    def deadline(self) -> float | None:
+        """time.monotonic() after which the question times out; None while it waits for a channel."""
+        return None if self.started_mono is None else self.started_mono + self.timeout_ms / 1000
 
     @property
     def all_ids(self) -> list[int]:

@@ -1,8 +1,8 @@
 """From submit()'s arguments to Questions: request-level checks (raise) and per-question checks (error results)."""
 from __future__ import annotations
 
+import random
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,10 +11,13 @@ import torch
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
-from kev.engine.inputs import QuestionError, QuestionSpec, RequestDefaults, parse_question, validate_sampling
-from kev.engine.question import Question
+from kev.engine.inputs import (QuestionError, QuestionSpec, RequestDefaults, parse_question, validate_sampling,
+                               validate_timeout)
+from kev.engine.question import Question, SamplingParams
 from kev.errors import InvalidRequestError
 from kev.model.tokenizer import Tokenizer
+from kev.router.normalize import Normalizer
+from kev.router.router import Router
 
 
 @dataclass(frozen=True)
@@ -24,9 +27,8 @@ class SubmitOptions:
     defaults: RequestDefaults
 
     @classmethod
-    def validate(cls, config: KevConfig, isolation: str | None, max_parallel: int | None, max_tokens: int | None,
-                 temperature: float | None, top_p: float | None, top_k: int | None, seed: int | None,
-                 stop: list[str] | str | None, timeout_ms: int | None, system: str | None) -> SubmitOptions:
+    def validate(cls, config: KevConfig, isolation: str | None, max_parallel: int | None, timeout_ms: int | None,
+                 system: str | None, sampling: dict[str, Any]) -> SubmitOptions:
         level = isolation or config.isolation.level
         if level not in ISOLATION_ORDER:
             raise InvalidRequestError(f"isolation: unknown level {level!r} (strict, shared, loose)")
@@ -35,59 +37,93 @@ class SubmitOptions:
         cap = config.router.max_parallel_queries
         if max_parallel is not None and (isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1):
             raise InvalidRequestError(f"max_parallel: must be a positive integer, got {max_parallel!r}")
+        base = SamplingParams(max_tokens=config.router.default_max_tokens)
         try:
-            sampling = validate_sampling(
-                config.router.default_max_tokens if max_tokens is None else max_tokens,
-                0.0 if temperature is None else temperature, 1.0 if top_p is None else top_p,
-                0 if top_k is None else top_k, seed, stop or (), config.router.max_tokens_cap, "")
-            timeout = config.aggregator.timeout_ms if timeout_ms is None else timeout_ms
-            if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
-                raise QuestionError(f"timeout_ms: must be a positive integer, got {timeout!r}")
+            params = validate_sampling(sampling, base, config.router.max_tokens_cap, "")
+            timeout = validate_timeout(config.aggregator.timeout_ms if timeout_ms is None else timeout_ms,
+                                       config.router.timeout_ms_cap, "")
         except QuestionError as err:
             raise InvalidRequestError(str(err)) from None
         if system is not None and not isinstance(system, str):
             raise InvalidRequestError(f"system: must be a string, got {type(system).__name__}")
-        defaults = RequestDefaults(sampling.max_tokens, config.router.max_tokens_cap, sampling.temperature, sampling.top_p,
-                                   sampling.top_k, sampling.seed, sampling.stop, timeout, system or config.isolation.system_prompt)
+        defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout, system or config.isolation.system_prompt,
+                                   system_is_public=system is None and config.isolation.system_prompt is not None,
+                                   timeout_ms_cap=config.router.timeout_ms_cap)
         return cls(level, min(max_parallel or cap, cap), defaults)
 
 
 def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
-                    config: KevConfig) -> tuple[list[Question], list[Result]]:
+                    config: KevConfig, vocab_size: int, router: Router) -> tuple[list[Question], list[Result]]:
     questions: list[Question] = []
     errors: list[Result] = []
     for index, raw in enumerate(queries):
         try:
             spec = parse_question(raw, index, options.defaults)
-            prompt_ids = _tokenize(spec, tokenizer, index, config.core.max_context)
+            normalized = _normalize(spec, router.normalizer)
+            prompt_ids = _tokenize(spec, tokenizer, index, config.core.max_context, vocab_size)
         except QuestionError as err:
             errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
                                  isolation=options.isolation, original_text=raw if isinstance(raw, str) else None))
             continue
-        questions.append(_question(spec, prompt_ids, request_id, index, options.isolation, tokenizer))
+        q = _question(spec, prompt_ids, request_id, index, options.isolation, tokenizer)
+        q.shadow = random.random() < config.isolation.shadow_rate
+        if config.isolation.shared_prefix and options.defaults.system and spec.messages:
+            q.prefix_ids = _prefix_ids(tokenizer, options.defaults.system, prompt_ids)
+            q.prefix_public = options.defaults.system_is_public
+        q.normalized_text = normalized
+        q.features = router.describe((spec.original_text or "") if normalized is None else normalized, len(prompt_ids))
+        questions.append(q)
     return questions, errors
 
 
-def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int) -> list[int]:
-    if spec.raw_prompt is not None:
-        text = spec.raw_prompt
-    elif tokenizer.has_chat_template:
-        text = tokenizer.render_chat(spec.messages or [], add_generation_prompt=True)
-    else:
-        text = "\n".join(m["content"] for m in spec.messages or [])
+def _normalize(spec: QuestionSpec, normalizer: Normalizer) -> str | None:
+    """Normalize the question (the last user message) in place; raw prompts are used as they are."""
+    if not spec.messages or spec.messages[-1]["role"] != "user":
+        return None
+    spec.messages[-1]["content"] = normalizer.normalize(spec.messages[-1]["content"])
+    return spec.messages[-1]["content"]
+
+
+def _prefix_ids(tokenizer: Tokenizer, system: str, prompt_ids: list[int]) -> list[int]:
+    """The tokens of the rendered system turn, when they are exactly the start of the prompt."""
+    text = tokenizer.render_chat([{"role": "system", "content": system}], add_generation_prompt=False)
     ids = tokenizer.encode(text)
+    return ids if 0 < len(ids) < len(prompt_ids) and prompt_ids[: len(ids)] == ids else []
+
+
+def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int, vocab_size: int) -> list[int]:
+    if spec.prompt_ids is not None:
+        ids = spec.prompt_ids
+        if max(ids) >= vocab_size:
+            raise QuestionError(f"queries[{index}].prompt_ids: id {max(ids)} is outside the vocabulary ({vocab_size})")
+    elif spec.raw_prompt is not None:
+        ids = tokenizer.encode(spec.raw_prompt)
+    elif tokenizer.has_chat_template:
+        ids = tokenizer.encode(tokenizer.render_chat(spec.messages or [], add_generation_prompt=True))
+    else:
+        ids = tokenizer.encode("\n".join(m["content"] for m in spec.messages or []))
     if len(ids) >= max_context:
         raise QuestionError(f"queries[{index}]: prompt has {len(ids)} tokens; core.max_context is {max_context} "
                             "(the prompt and at least one new token must fit)")
     return ids
 
 
+def shadow_copy(q: Question, tokenizer: Tokenizer) -> Question:
+    """The same question, to be run alone: same prompt, prefix, sampling and seed."""
+    copy = Question(q.request_id, q.index, list(q.prompt_ids), q.sampling, 2**31, q.priority, q.isolation,
+                    q.original_text, list(q.prefix_ids), q.prefix_public, shadow_of=q, seed=q.seed)
+    if q.seed is not None:
+        copy.generator = torch.Generator().manual_seed(q.seed)
+    copy.decoder = tokenizer.incremental_decoder()
+    return copy
+
+
 def _question(spec: QuestionSpec, prompt_ids: list[int], request_id: str, index: int, isolation: str,
               tokenizer: Tokenizer) -> Question:
-    q = Question(request_id, index, prompt_ids, spec.sampling, time.monotonic() + spec.timeout_ms / 1000,
+    q = Question(request_id, index, prompt_ids, spec.sampling, spec.timeout_ms,
                  spec.priority, isolation, spec.original_text)
     if not spec.sampling.is_greedy:
-        seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
-        q.generator = torch.Generator().manual_seed(seed)
+        q.seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
+        q.generator = torch.Generator().manual_seed(q.seed)
     q.decoder = tokenizer.incremental_decoder()
     return q

@@ -1,13 +1,18 @@
 """BlockManager: who owns which KV block. Python ints only; the tensors live in the model runner.
 
-Each channel has a block table (block ids in position order). Blocks are handed out
-on demand (split) or all at once (unified); a released block is free for anyone,
-and nothing can attend to it until its new owner writes it, because attention reads
-only the first ctx_len slots of the owner's own table.
+Each owner has a block table (block ids in position order). Owners are channels
+(ids >= 0) and shared-prefix entries (ids < 0). Blocks are handed out on demand
+(split) or all at once (unified); a released block is free for anyone, and nothing
+can attend to it until its new owner writes it, because attention reads only the
+first ctx_len slots of the owner's own table. A block in more than one table must
+be read-only (a finished shared prefix); anything else is an isolation bug.
 """
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+
+BlockEvent = Callable[[str, int, list[int]], None]  # (event "alloc" | "release", owner, block ids)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -15,12 +20,14 @@ class OutOfBlocksError(RuntimeError):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, on_change: BlockEvent | None = None) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.on_change = on_change
         self._free: deque[int] = deque(range(num_blocks))
         self._ref_counts = [0] * num_blocks
         self._tables: dict[int, list[int]] = {}
         self._promised: dict[int, int] = {}  # channel -> blocks it may still grow to
+        self.read_only: set[int] = set()  # finished shared-prefix blocks: attend, never write
 
     # --- queries -------------------------------------------------------------
     @property
@@ -62,24 +69,53 @@ class BlockManager:
         needed = self.blocks_for(num_tokens) - len(table)
         if needed > len(self._free):
             raise OutOfBlocksError(f"channel {channel_id} needs {needed} more KV blocks, {len(self._free)} free")
-        for _ in range(needed):
-            block = self._free.popleft()
+        taken = [self._free.popleft() for _ in range(max(0, needed))]
+        for block in taken:
+            self._ref_counts[block] += 1
+            table.append(block)
+        if taken and self.on_change:
+            self.on_change("alloc", channel_id, taken)
+
+    def share(self, owner: int, blocks: list[int]) -> None:
+        """Append read-only blocks of a shared prefix to the owner's table (ref counted)."""
+        assert all(b in self.read_only for b in blocks), "only read-only blocks may be shared"
+        table = self._tables.setdefault(owner, [])
+        for block in blocks:
             self._ref_counts[block] += 1
             table.append(block)
 
+    def mark_read_only(self, blocks: list[int]) -> None:
+        self.read_only.update(blocks)
+
+    def ref_count(self, block: int) -> int:
+        return self._ref_counts[block]
+
     def release(self, channel_id: int) -> list[int]:
-        """Return the channel's blocks to the pool; returns the ids released."""
+        """Drop the owner's references; blocks nobody references go back to the pool. Returns the freed ids."""
         self._promised.pop(channel_id, None)
-        table = self._tables.pop(channel_id, [])
-        for block in table:
+        freed = []
+        for block in self._tables.pop(channel_id, []):
             self._ref_counts[block] -= 1
             if self._ref_counts[block] == 0:
+                self.read_only.discard(block)
                 self._free.append(block)
-        return table
+                freed.append(block)
+        if freed and self.on_change:
+            self.on_change("release", channel_id, freed)
+        return freed
+
+    def owners(self) -> dict[int, list[int]]:
+        """block id -> owners holding it (for the audit)."""
+        holders: dict[int, list[int]] = {}
+        for owner, table in self._tables.items():
+            for block in table:
+                holders.setdefault(block, []).append(owner)
+        return holders
 
     # --- invariants ----------------------------------------------------------
     def check_integrity(self) -> None:
-        """Every block is either free with no owner, or owned by exactly as many tables as its ref count."""
+        """Every block is either free with no owner, or owned by exactly as many tables as its ref count;
+        a block in two tables is read-only."""
         owners = [0] * self.num_blocks
         for table in self._tables.values():
             for block in table:
@@ -89,3 +125,4 @@ class BlockManager:
         for block in range(self.num_blocks):
             assert owners[block] == self._ref_counts[block], f"block {block}: ref count {self._ref_counts[block]} != {owners[block]} owners"
             assert (block in free) == (owners[block] == 0), f"block {block}: free={block in free} but has {owners[block]} owners"
+            assert owners[block] <= 1 or block in self.read_only, f"block {block} is in {owners[block]} tables but writable"

@@ -14,29 +14,29 @@ from kev.model.step_metadata import StepMetadata
 
 
 class PagedKVLayer:
-    """One layer's K and V slots: [num_slots, num_kv_heads, head_dim] each."""
+    """One layer's cache: [2 (K, V), num_slots, num_kv_heads, head_dim], so one gather fetches both."""
 
     def __init__(self, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         # empty, not zeros: a slot is read only after its owner wrote it (the span's ctx_len).
-        self.k = torch.empty(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty(num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.kv = torch.empty(2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+
+    def copy_slots(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        self.kv.index_copy_(1, destination, self.kv.index_select(1, source))
 
 
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata
 ) -> torch.Tensor:
     """q: [num_rows, heads, dim]; k, v: [num_rows, kv_heads, dim] for the new tokens. Returns [num_rows, heads, dim]."""
-    real = meta.num_tokens
-    cache.k.index_copy_(0, meta.slot_mapping, k[:real])
-    cache.v.index_copy_(0, meta.slot_mapping, v[:real])
+    new_kv = torch.stack([k, v]).index_select(1, meta.token_rows)  # [2, num_tokens, kv_heads, dim]
+    cache.kv.index_copy_(1, meta.slot_mapping, new_kv)
     out = torch.zeros_like(q)
     for span in meta.spans:
         rows = slice(span.q_start, span.q_start + span.q_len)
-        keys = cache.k.index_select(0, span.kv_slots).transpose(0, 1)  # [kv_heads, ctx_len, dim]
-        values = cache.v.index_select(0, span.kv_slots).transpose(0, 1)
+        keys_values = cache.kv.index_select(1, span.kv_slots).transpose(1, 2)  # [2, kv_heads, ctx_len, dim]
         queries = q[rows].transpose(0, 1)  # [heads, q_len, dim]
         o = F.scaled_dot_product_attention(
-            queries.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0),
+            queries.unsqueeze(0), keys_values[0:1], keys_values[1:2],
             attn_mask=span.attn_mask, is_causal=span.is_causal and span.q_len > 1, enable_gqa=True,
         )  # [1, heads, q_len, dim]
         out[rows] = o[0].transpose(0, 1)

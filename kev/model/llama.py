@@ -13,7 +13,7 @@ from kev.model.attention import PagedKVLayer, paged_attention
 from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
 from kev.model.step_metadata import StepMetadata
-from kev.model.tiled_linear import TiledLinear, pad_rows
+from kev.model.tiled_linear import TiledLinear, pad_rows, tiled_matmul
 
 
 class RMSNorm(nn.Module):
@@ -30,45 +30,45 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, tile: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = TiledLinear(cfg.hidden_size, q_size + 2 * kv_size, cfg.attention_bias, tile)
-        self.o_proj = TiledLinear(q_size, cfg.hidden_size, False, tile)
+        self.qkv_proj = TiledLinear(cfg.hidden_size, q_size + 2 * kv_size, cfg.attention_bias)
+        self.o_proj = TiledLinear(q_size, cfg.hidden_size, False)
 
     def forward(self, x: torch.Tensor, rope: RotaryTable, meta: StepMetadata, cache: PagedKVLayer) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q, k, v = self.qkv_proj(x, meta.tiles).split(self.split_sizes, dim=-1)
         q = rope.apply(q.view(-1, self.num_heads, self.head_dim), meta.positions)  # [rows, heads, dim]
         k = rope.apply(k.view(-1, self.num_kv_heads, self.head_dim), meta.positions)  # [rows, kv_heads, dim]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, cache, meta)
-        return self.o_proj(out.flatten(1))  # [rows, hidden]
+        return self.o_proj(out.flatten(1), meta.tiles)  # [rows, hidden]
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tile: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = TiledLinear(cfg.hidden_size, 2 * cfg.intermediate_size, False, tile)
-        self.down_proj = TiledLinear(cfg.intermediate_size, cfg.hidden_size, False, tile)
+        self.gate_up_proj = TiledLinear(cfg.hidden_size, 2 * cfg.intermediate_size, False)
+        self.down_proj = TiledLinear(cfg.intermediate_size, cfg.hidden_size, False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, tiles: list[int]) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x, tiles).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up, tiles)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, tile: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, tile)
+        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tile)
+        self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor, rope: RotaryTable, meta: StepMetadata, cache: PagedKVLayer) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, meta, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), meta.tiles)
 
 
 class LlamaModel(nn.Module):
@@ -77,9 +77,9 @@ class LlamaModel(nn.Module):
         self.config, self.tile = cfg, tile
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, tile) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else TiledLinear(cfg.hidden_size, cfg.vocab_size, False, tile)
+        self.lm_head = None if cfg.tie_word_embeddings else TiledLinear(cfg.hidden_size, cfg.vocab_size, False)
         self.max_positions = max_positions
         self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
 
@@ -92,7 +92,6 @@ class LlamaModel(nn.Module):
         return self.logits(self.norm(picked))[: meta.sample_rows.numel()].float()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head is not None:
-            return self.lm_head(hidden)
-        weight = self.embed_tokens.weight
-        return torch.cat([F.linear(rows, weight) for rows in hidden.split(self.tile)])
+        """hidden: [rows, hidden], rows a multiple of self.tile."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return tiled_matmul(hidden, weight, None, [self.tile] * (hidden.shape[0] // self.tile))

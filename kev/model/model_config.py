@@ -41,6 +41,10 @@ class ModelConfig:
         if model_type not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"model_type '{model_type}' is not supported (supported: {sorted(SUPPORTED_ARCHITECTURES)})")
         num_heads = raw["num_attention_heads"]
+        # transformers >= 5 writes rope_parameters (theta inside); older configs rope_theta + rope_scaling.
+        rope = raw.get("rope_parameters") or {}
+        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -52,8 +56,8 @@ class ModelConfig:
             num_kv_heads=raw.get("num_key_value_heads") or num_heads,
             head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
-            rope_theta=raw.get("rope_theta", 10000.0),
-            rope_scaling=raw.get("rope_scaling"),
+            rope_theta=theta,
+            rope_scaling=scaling,
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             # Qwen2 always has q/k/v biases; Llama has them only when attention_bias says so.

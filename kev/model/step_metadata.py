@@ -22,13 +22,19 @@ class ChannelSpan:
     kv_slots: torch.Tensor  # [ctx_len] cache slots of those keys, in position order
     attn_mask: torch.Tensor | None  # [q_len, ctx_len] bool; None when is_causal or q_len == 1
     is_causal: bool  # the chunk starts at position 0 (q_len == ctx_len): plain causal
+    prefix_len: int = 0  # leading keys that are an attached shared prefix (the audit's allowed span)
 
 
 @dataclass
 class StepMetadata:
-    input_ids: torch.Tensor  # [num_rows] padded to a multiple of the linear tile
+    input_ids: torch.Tensor  # [num_rows]: real tokens plus zero padding that fills each tile
     positions: torch.Tensor  # [num_rows] restart at 0 in every channel
-    num_tokens: int  # real (unpadded) rows
-    slot_mapping: torch.Tensor  # [num_tokens] cache slot where each new token's K/V goes
+    tiles: list[int]  # row-tile sizes in order, sum == num_rows (see TiledLinear)
+    token_rows: torch.Tensor  # [num_tokens] rows holding real tokens
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot where each real token's K/V goes
     spans: list[ChannelSpan]
     sample_rows: torch.Tensor  # [num_samples] rows whose next-token logits are needed
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slot_mapping.numel()

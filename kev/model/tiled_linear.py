@@ -2,9 +2,9 @@
 
 torch's CPU GEMM picks its blocking from M (the row count), so the same row gets
 different bits at M=1, M=3 or M=40 (shared/notes/batch-invariance-cpu.md). Running
-every product in fixed tiles of `tile` rows, padded, gives each row one reduction
-order whatever else shares the step. Callers pass inputs already padded to a
-multiple of the tile, so no copy happens here.
+every product over fixed-size tiles of rows gives each row one reduction order
+whatever else shares the step, as long as the size of the tile a row lands in
+depends only on that row's own question (see engine/packer.py's tile plan).
 """
 from __future__ import annotations
 
@@ -14,17 +14,20 @@ from torch import nn
 
 
 class TiledLinear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, tile: int) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.tile = tile
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [num_rows, in_features], num_rows a multiple of self.tile
-        if x.shape[0] <= self.tile:
-            return F.linear(x, self.weight, self.bias)
-        return torch.cat([F.linear(rows, self.weight, self.bias) for rows in x.split(self.tile)])
+    def forward(self, x: torch.Tensor, tiles: list[int]) -> torch.Tensor:
+        # x: [sum(tiles), in_features]; each tile is multiplied on its own.
+        return tiled_matmul(x, self.weight, self.bias, tiles)
+
+
+def tiled_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tiles: list[int]) -> torch.Tensor:
+    if len(tiles) <= 1:
+        return F.linear(x, weight, bias)
+    return torch.cat([F.linear(rows, weight, bias) for rows in x.split(tiles)])
 
 
 def pad_rows(x: torch.Tensor, tile: int) -> torch.Tensor:

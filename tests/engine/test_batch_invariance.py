@@ -25,9 +25,21 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def engine(make_engine):
-    # A small prefill chunk so the long question is cut into several chunks.
+    # A small prefill chunk so the long question is cut into several chunks; round_robin so
+    # every question of a batch gets its own channel and they all share each step.
     return make_engine({"core": {"prefill_chunk": 16, "max_step_tokens": 64}, "router": {"max_parallel_queries": 16,
-                        "channel_pool_size": 24}}, record_logits=True)
+                        "channel_pool_size": 24, "strategy": "round_robin"}}, record_logits=True)
+
+
+@pytest.fixture(scope="module")
+def make_engine_bf16():
+    import kev
+
+    engine = kev.Engine.from_config({"core": {"precision": "bf16", "prefill_chunk": 16, "max_step_tokens": 64},
+                                     "aggregator": {"timeout_ms": 600_000}},
+                                    record_logits=True)
+    yield engine
+    engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +80,12 @@ def test_seeded_sampling_is_per_channel(engine):
     mixed = engine.generate(["Write a poem.", "Tell me a story.", "Hi"], temperature=0.9, top_p=0.9, seed=7,
                             max_tokens=10, timeout=300)
     assert mixed[1].token_ids == alone.token_ids
+
+
+def test_bf16_packed_batch_equals_solo(make_engine_bf16):
+    engine = make_engine_bf16
+    questions = QUESTIONS[:6]
+    solo = [engine.generate([q], max_tokens=8, timeout=300)[0] for q in questions]
+    packed = engine.generate(questions[::-1], max_tokens=8, timeout=300)[::-1]
+    for result, reference in zip(packed, solo):
+        assert_same_as_solo(result, reference)

@@ -1,0 +1,115 @@
+"""kev bench: Kev one-forward vs Kev serial vs Hugging Face left-padded batch, side by side in one run.
+
+Serial time for N questions is the sum of the first N solo runs (each solo run is also
+the reference answer). Every path generates exactly max_tokens per question (EOS ignored)
+so tokens/s compare like with like.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from kev.bench.questions import BENCH_QUESTIONS
+from kev.engine.engine import Engine
+from kev.model.llama import LlamaModel
+
+
+@dataclass
+class PathResult:
+    n: int
+    path: str  # "kev" | "serial" | "hf_batch"
+    tokens: int
+    seconds: float
+    identical_to_solo: str
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "seconds": round(self.seconds, 3), "tok_per_s": round(self.tok_per_s, 2)}
+
+
+def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: Any | None,
+                   fused: Engine | None = None) -> dict[str, Any]:
+    """fused: the same engine with batch_invariant off, run at the largest N to price invariance."""
+    questions = (BENCH_QUESTIONS * (max(sizes) // len(BENCH_QUESTIONS) + 1))[: max(sizes)]
+    options = {"max_tokens": max_tokens, "ignore_eos": True, "timeout_ms": 3_600_000}
+    engine.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})  # warm-up
+    solo_ids, solo_seconds = [], []
+    for q in questions:
+        started = time.perf_counter()
+        solo_ids.append(engine.generate([q], timeout=3600, **options)[0].token_ids)
+        solo_seconds.append(time.perf_counter() - started)
+    prompts = [_prompt_ids(engine, q) for q in questions]
+    hf_solo = [_hf_generate(hf_model, [p], max_tokens)[0][0] for p in prompts] if hf_model is not None else []
+    results: list[PathResult] = []
+    for n in sizes:
+        started = time.perf_counter()
+        answers = engine.generate(questions[:n], timeout=3600, **options)
+        seconds = time.perf_counter() - started
+        same = sum(a.token_ids == s for a, s in zip(answers, solo_ids))
+        results.append(PathResult(n, "kev", sum(a.completion_tokens for a in answers), seconds, f"{same}/{n}"))
+        results.append(PathResult(n, "serial", n * max_tokens, sum(solo_seconds[:n]), f"{n}/{n}"))
+        if hf_model is not None:
+            ids, seconds = _hf_generate(hf_model, prompts[:n], max_tokens)
+            same = sum(a == s for a, s in zip(ids, hf_solo))
+            results.append(PathResult(n, "hf_batch", n * max_tokens, seconds, f"{same}/{n}"))
+    ratios = _ratios(results, sizes)
+    if fused is not None:
+        n = max(sizes)
+        fused.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})
+        started = time.perf_counter()
+        answers = fused.generate(questions[:n], timeout=3600, **options)
+        seconds = time.perf_counter() - started
+        same = sum(a.token_ids == s for a, s in zip(answers, solo_ids))
+        results.append(PathResult(n, "kev_non_invariant", sum(a.completion_tokens for a in answers), seconds, f"{same}/{n}"))
+        kev_rate = next(r.tok_per_s for r in results if r.n == n and r.path == "kev")
+        ratios[str(n)]["kev_over_non_invariant"] = round(kev_rate / results[-1].tok_per_s, 2)
+    return {"results": [r.to_dict() for r in results], "ratios": ratios}
+
+
+def _prompt_ids(engine: Engine, question: str) -> list[int]:
+    text = engine.tokenizer.render_chat([{"role": "user", "content": question}], add_generation_prompt=True)
+    return engine.tokenizer.encode(text)
+
+
+def _hf_generate(model: Any, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
+    """Naive batching: left-pad to the longest prompt, one generate() call."""
+    width = max(len(p) for p in prompts)
+    pad = 2
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    started = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens,
+                             min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad)
+    seconds = time.perf_counter() - started
+    return [row[width:].tolist() for row in out], seconds
+
+
+def _ratios(results: list[PathResult], sizes: list[int]) -> dict[str, dict[str, float]]:
+    ratios: dict[str, dict[str, float]] = {}
+    for n in sizes:
+        by_path = {r.path: r.tok_per_s for r in results if r.n == n}
+        ratios[str(n)] = {"kev_over_serial": round(by_path["kev"] / by_path["serial"], 2)}
+        if "hf_batch" in by_path:
+            ratios[str(n)]["kev_over_hf_batch"] = round(by_path["kev"] / by_path["hf_batch"], 2)
+    return ratios
+
+
+def load_hf_reference(engine: Engine) -> Any | None:
+    """transformers on the same weights and dtype, or None when transformers is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    from kev.model.model_store import resolve_model_path
+
+    model: LlamaModel = engine.runner.model
+    folder = resolve_model_path(engine.config.core.model_path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=next(model.parameters()).dtype)
+    return hf.eval()

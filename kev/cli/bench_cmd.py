@@ -1,0 +1,80 @@
+"""kev bench: throughput ratios measured side by side in one run (absolute seconds mean little here)."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from kev.bench.throughput import load_hf_reference, run_throughput
+from kev.cli.common import add_config_flags, config_from_args
+from kev.config import load_config
+from kev.engine.engine import Engine
+from kev.engine.engine_setup import build_parts
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_flags(parser)
+    parser.add_argument("--scenario", choices=["throughput", "routing"], default="throughput",
+                        help="routing: strategies under skewed traffic (kev/bench/routing.py)")
+    parser.add_argument("--repeats", type=int, default=1, help="routing: runs per strategy (medians)")
+    parser.add_argument("--sizes", default="1,4,8,16", help="numbers of questions, comma-separated")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per question (EOS ignored)")
+    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face batch path")
+    parser.add_argument("--no-invariance-cost", action="store_true",
+                        help="skip the non-invariant Kev run that prices batch invariance")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--out", type=Path, help="also write the JSON (routing: the markdown table) to this file")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.scenario == "routing":
+        return run_routing_scenario(args)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    parallel = max(sizes)
+    config = config_from_args(args, {"router": {"max_parallel_queries": parallel, "channel_pool_size": parallel},
+                                     "core": {"max_context": 1024}})
+    with Engine(config) as engine:
+        hf = None if args.no_hf else load_hf_reference(engine)
+        fused = None
+        if not args.no_invariance_cost:
+            fused_config = load_config(config, {"core": {"batch_invariant": False}})
+            fused = Engine(fused_config, build_parts(fused_config, engine.runner.model, engine.tokenizer))
+        report = run_throughput(engine, sizes, args.max_tokens, hf, fused)
+        if fused is not None:
+            fused.close()
+    report = {"model": config.core.model_path, "precision": config.core.precision, "threads": torch.get_num_threads(),
+              "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+              "max_tokens": args.max_tokens, **report}
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_report(report)
+    return 0
+
+
+def run_routing_scenario(args: argparse.Namespace) -> int:
+    from kev.bench.routing import format_table, machine, run_routing, write_markdown
+
+    summary, rows = run_routing(args.repeats)
+    if args.out:
+        write_markdown(args.out, summary, rows)
+    print(summary, format_table(rows), f"Machine: {machine()}", sep="\n")
+    return 0
+
+
+def print_report(report: dict) -> None:
+    table = Table(title=f"{report['model']} {report['precision']}, {report['machine']}, {report['max_tokens']} new tokens each")
+    for column in ("N", "path", "tokens", "seconds", "tok/s", "identical to solo", "kev / path"):
+        table.add_column(column, justify="right")
+    for r in report["results"]:
+        kev_rate = next(x["tok_per_s"] for x in report["results"] if x["n"] == r["n"] and x["path"] == "kev")
+        table.add_row(str(r["n"]), r["path"], str(r["tokens"]), f"{r['seconds']:.2f}", f"{r['tok_per_s']:.1f}",
+                      r["identical_to_solo"], f"{kev_rate / r['tok_per_s']:.2f}x")
+    Console().print(table)

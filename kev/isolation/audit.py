@@ -1,0 +1,96 @@
+"""The audit trail: per-step mask summaries, KV allocations and releases, and alerts (JSON lines).
+
+The isolation checks run on every step whether or not a path is set; the log is
+only written when `audit.path` is. Checks read the step's actual attention metadata
+(the spans and slots the kernel will use), not what the scheduler meant to do.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kev.isolation.block_manager import BlockManager
+from kev.model.step_metadata import StepMetadata
+
+log = logging.getLogger("kev.audit")
+
+ISOLATION_ALERTS = ("cross_channel_visible", "block_in_two_tables", "write_to_readonly_block", "chunk_boundary_in_prefix")
+OTHER_ALERTS = ("truncation_near_boundary", "context_overflow", "shadow_mismatch")
+
+
+@dataclass
+class Alert:
+    kind: str
+    message: str
+    channel_ids: list[int] = field(default_factory=list)
+
+    @property
+    def is_isolation(self) -> bool:
+        return self.kind in ISOLATION_ALERTS
+
+
+class AuditLog:
+    def __init__(self, path: str | None, level: str) -> None:
+        self.path, self.level = (Path(path) if path else None), level
+        self._lock = threading.Lock()
+        self.alert_counts: dict[str, int] = {}
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"ts": round(time.time(), 6), "kind": kind, **fields}, ensure_ascii=False)
+        with self._lock, self.path.open("a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+
+    def alert(self, alert: Alert) -> None:
+        self.alert_counts[alert.kind] = self.alert_counts.get(alert.kind, 0) + 1
+        log.warning("isolation audit: %s: %s", alert.kind, alert.message)
+        self.write("alert", alert=alert.kind, message=alert.message, channel_ids=alert.channel_ids)
+
+    def on_blocks(self, event: str, owner: int, blocks: list[int]) -> None:
+        """BlockManager callback: every allocation and release, with its owner."""
+        if blocks:
+            self.write(event, owner=owner, blocks=blocks)
+
+
+def inspect_step(meta: StepMetadata, blocks: BlockManager) -> tuple[dict[str, Any], list[Alert]]:
+    """Summary of the step's mask and every isolation alert it raises."""
+    size, alerts, channels = blocks.block_size, [], []
+    holders = blocks.owners()
+    cross_pairs = prefix_pairs = 0
+    for span in meta.spans:
+        own = set(blocks.block_table(span.channel_id))
+        key_blocks = [slot // size for slot in span.kv_slots.tolist()]
+        first_row = span.ctx_len - span.q_len  # position of the span's first query row
+        foreign = [j for j, block in enumerate(key_blocks) if block not in own]
+        pairs = sum(span.q_len - max(0, j - first_row) for j in foreign)
+        cross_pairs += pairs
+        prefix_pairs += sum(span.q_len - max(0, j - first_row) for j in range(min(span.prefix_len, span.ctx_len)))
+        if foreign:
+            others = sorted({o for j in foreign for o in holders.get(key_blocks[j], [])})
+            alerts.append(Alert("cross_channel_visible", f"channel {span.channel_id} sees {pairs} (query, key) pairs "
+                                f"in blocks it does not own (held by {others or 'nobody'})", [span.channel_id, *others]))
+        if span.channel_id >= 0 and first_row < span.prefix_len:
+            alerts.append(Alert("chunk_boundary_in_prefix", f"channel {span.channel_id} computes positions from "
+                                f"{first_row} inside its shared prefix of {span.prefix_len} tokens", [span.channel_id]))
+        channels.append({"channel_id": span.channel_id, "rows": [span.q_start, span.q_len], "ctx_len": span.ctx_len,
+                         "prefix_len": span.prefix_len, "blocks": sorted(own)})
+    for block, owners in holders.items():
+        if len(owners) > 1 and block not in blocks.read_only:
+            alerts.append(Alert("block_in_two_tables", f"block {block} is in the private tables of {sorted(owners)}",
+                                [o for o in owners if o >= 0]))
+    writer_of_row = {row: s.channel_id for s in meta.spans for row in range(s.q_start, s.q_start + s.q_len)}
+    for row, slot in zip(meta.token_rows.tolist(), meta.slot_mapping.tolist()):
+        if slot // size in blocks.read_only:
+            alerts.append(Alert("write_to_readonly_block", f"channel {writer_of_row[row]} writes into read-only "
+                                f"shared block {slot // size}", [writer_of_row[row]]))
+    summary = {"channels": channels, "cross_channel_pairs": cross_pairs, "prefix_pairs": prefix_pairs,
+               "num_tokens": meta.num_tokens}
+    return summary, alerts
