@@ -88,7 +88,8 @@ function channelTile(c, mine) {
   tile.className = mine ? "channel mine" : "channel";
   tile.dataset.state = c.state;
   const who = c.request_id ? `, request ${c.request_id.slice(0, 6)} question #${c.index + 1}, ${c.tokens} tokens` : "";
-  tile.title = `channel ${c.channel_id}: ${c.state}${who}; served ${c.num_served}`;
+  const queued = c.queued ? `; ${c.queued} queued behind it` : "";
+  tile.title = `channel ${c.channel_id}: ${c.state}${who}${queued}; served ${c.num_served}`;
   tile.setAttribute("aria-label", tile.title);
   const id = document.createElement("span");
   id.textContent = c.channel_id;
@@ -96,6 +97,12 @@ function channelTile(c, mine) {
   // Our lanes by number; another caller's question by the start of its request id.
   what.textContent = !c.request_id ? "·" : mine ? `#${c.index + 1}` : c.request_id.slice(0, 4);
   tile.append(id, what);
+  if (c.queued) {  // the router's per-channel queue (similar questions wait for their channel)
+    const badge = document.createElement("b");
+    badge.className = "queued";
+    badge.textContent = `+${c.queued}`;
+    tile.append(badge);
+  }
   return tile;
 }
 
