@@ -71,11 +71,12 @@ async function send(event) {
     const counts = countStatuses(state.lanes);
     $("run-summary").textContent = `request ${requestId || ""} finished in ${seconds} s: ${counts}`;
   } catch (err) {
-    const message = err.name === "AbortError" ? "stopped" : err instanceof ApiError ? err.describe() : String(err);
-    state.lanes.forEach((lane) => lane.fail(message));
+    const stopped = err.name === "AbortError";
+    const message = stopped ? "stopped from this page" : err instanceof ApiError ? err.describe() : String(err);
+    state.lanes.forEach((lane) => lane.fail(message, stopped ? "cancelled" : "error"));
     $("run-summary").textContent = "";
     if (err instanceof ApiError && err.status === 401) askForKey(err);
-    else say(message === "stopped" ? "Stopped: the unfinished questions were cancelled." : message);
+    else say(stopped ? "Stopped: closing the stream cancelled the unfinished questions." : message);
   } finally {
     state.controller = null;
     setBusy(false);
@@ -95,7 +96,7 @@ function countStatuses(lanes) {
 async function verify() {
   const { queries, ...options } = state.sent;
   setBusy(true);
-  $("verify").disabled = true;
+  $("stop").disabled = true;  // the checks are short requests of their own; nothing to stop mid-way
   let identical = 0;
   let compared = 0;
   for (const lane of state.lanes) {

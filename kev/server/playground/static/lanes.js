@@ -60,11 +60,11 @@ export class Lane {
     this.showAudit(result);
   }
 
-  fail(message) {
+  fail(message, status = "error") {
     if (this.result) return;
-    this.setStatus("error");
+    this.setStatus(status);
     this.root.dataset.finished = "true";
-    this.addAudit("error", message);
+    this.addAudit(status, message);
   }
 
   showAudit(r) {
