@@ -105,8 +105,8 @@ def test_async_submit_poll_and_results_equal_query(client: httpx.Client) -> None
 
 def test_delete_cancels_and_frees_channels(client: httpx.Client) -> None:
     rid = client.post("/v1/requests", json={"queries": [LONG, LONG]}).json()["request_id"]
-    wait_until(lambda: any(c["request_id"] == rid and c["state"] == "decode"
-                           for c in client.get("/v1/channels").json()["channels"]))
+    wait_until(lambda: sum(c["request_id"] == rid and c["state"] == "decode"
+                           for c in client.get("/v1/channels").json()["channels"]) == 2)
     cancelled = client.delete(f"/v1/requests/{rid}")
     assert cancelled.status_code == 200
     body = cancelled.json()
