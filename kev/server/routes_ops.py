@@ -63,6 +63,6 @@ async def metrics(service: KevService = Depends(get_service)) -> Response:
         engine = service.bridge.engine
         recent = list(engine.stats.recent)
         states, queue_length = await service.bridge.run(engine.channel_states), await service.bridge.run(engine.queue_length)
-        service.metrics.refresh(recent, states, queue_length)
+        service.metrics.refresh(recent, states, queue_length, dict(engine.audit.alert_counts))
     service.metrics.inflight.set(service.registry.num_inflight)
     return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -105,8 +105,8 @@ def test_registry_bounds_in_flight_and_forgets_expired() -> None:
 def test_metrics_fold_each_step_once() -> None:
     metrics = ServerMetrics()
     steps = [StepRecord(float(i), 2, 10, 2, 50.0) for i in range(3)]
-    metrics.refresh(steps, [{"state": "idle"}, {"state": "decode"}], 4)
-    metrics.refresh(steps + [StepRecord(3.0, 4, 4, 4, 20.0)], [], 0)
+    metrics.refresh(steps, [{"state": "idle"}, {"state": "decode"}], 4, {})
+    metrics.refresh(steps + [StepRecord(3.0, 4, 4, 4, 20.0)], [], 0, {"cross_channel_visible": 2})
     registry = metrics.registry
     assert registry.get_sample_value("kev_engine_steps_total") == 4
     assert registry.get_sample_value("kev_step_channels_sum") == 10
@@ -114,7 +114,8 @@ def test_metrics_fold_each_step_once() -> None:
     metrics.observe_result(Result("r", 0, completion_tokens=3, prompt_tokens=5, channel_id=1, status="ok",
                                   finish_reason="length", isolation_verified=False))
     assert registry.get_sample_value("kev_channel_questions_total", {"channel_id": "1", "status": "ok"}) == 1
-    assert registry.get_sample_value("kev_isolation_alerts_total", {"kind": "shadow_mismatch"}) == 1
+    assert registry.get_sample_value("kev_isolation_alerts", {"kind": "cross_channel_visible"}) == 2
+    assert registry.get_sample_value("kev_isolation_alerts", {"kind": "shadow_mismatch"}) == 0
     assert b"kev_completion_tokens_total 3.0" in metrics.render()
 
 
