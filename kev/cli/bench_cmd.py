@@ -36,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
         return run_routing_scenario(args)
     sizes = [int(s) for s in args.sizes.split(",")]
     parallel = max(sizes)
-    config = config_from_args(args, {"router": {"max_parallel_queries": parallel, "channel_pool_size": parallel},
+    # round_robin: every question gets a channel of its own, so the run measures the one-forward engine,
+    # not a routing strategy (`kev bench --scenario routing` compares those).
+    config = config_from_args(args, {"router": {"max_parallel_queries": parallel, "channel_pool_size": parallel,
+                                                "strategy": "round_robin"},
                                      "core": {"max_context": 1024}})
     with Engine(config) as engine:
         hf = None if args.no_hf else load_hf_reference(engine)
