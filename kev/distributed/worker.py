@@ -177,6 +177,10 @@ class Worker:
     async def _publish_status(self) -> None:
         assert self.link is not None
         channels = await asyncio.to_thread(self.engine.channel_states)
+        items = {job.engine_request_id: job.item for job in self.jobs.values()}
+        for channel in channels:  # the caller's request and index, not the engine's own
+            if (item := items.get(channel["request_id"])) is not None:
+                channel["request_id"], channel["index"] = item.request_id, item.index
         status = WorkerStatus(worker=self.worker_id, partition=self.partition, capacity=self.capacity,
                               inflight=len(self.jobs), at=time.time(), host=socket.gethostname(), pid=os.getpid(),
                               channels=channels, queue_length=sum(c["queued"] for c in channels),
