@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kev.aggregator.ordering import order_results
@@ -101,7 +101,7 @@ class ReplicaEngine:
                 placement = self.placer.place(self._features(raw))
                 replica = placement.channel_id if placement else min(range(len(engines)), key=self.placer.loads.load)
                 if placement is None:
-                    self.placer.loads.waiting[replica] += 1
+                    self.placer.loads.count(replica, 1)
                 by_replica.setdefault(replica, []).append(index)
             return by_replica
 
@@ -124,9 +124,9 @@ class ReplicaEngine:
             index = share.indexes[result.index]
             if index in request.results:
                 return
-            result.request_id, result.index = request.request_id, index
-            result.worker = f"replica{share.replica}:{self.devices[share.replica]}"
-            request.add_result(result)
+            # A copy: the replica's own request keeps its result (and the drain thread may see the same object).
+            request.add_result(replace(result, request_id=request.request_id, index=index,
+                                       worker=f"replica{share.replica}:{self.devices[share.replica]}"))
 
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
         request = self._request(request_id)

@@ -147,7 +147,11 @@ class DistributedBackend:
                            strategy=self.placer.router.strategy_name, rerouted=bool(pl and pl.rerouted),
                            submitted_at=now, expires_at=expires[p.index]))
                  for p, pl in zip(prepared, placements)]
-        await asyncio.gather(*(self.link.publish_work(subject, item) for subject, item in items))
+        await asyncio.gather(*(self._publish_one(subject, item, pl) for (subject, item), pl in zip(items, placements)))
+
+    async def _publish_one(self, subject: str, item: WorkItem, placement: Placement | None) -> None:
+        await self.link.publish_work(subject, item)
+        self.placer.loads.published(placement.channel_id if placement else None)
 
     # --- answers -------------------------------------------------------------------
     async def _on_out(self, msg: Msg) -> None:

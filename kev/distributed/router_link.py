@@ -85,6 +85,7 @@ class RouterLink:
 
     async def _poll(self, link: Link) -> None:
         consumers = self.topology.work_consumers()
+        since = self.loads.snapshot()
         try:
             infos = await asyncio.gather(*(link.js.consumer_info(self.topology.work_stream, durable)
                                            for durable, _ in consumers))
@@ -92,7 +93,7 @@ class RouterLink:
             log.debug("router %s: backlog poll failed: %s", self.router_id, err)
             return
         self.loads.update([i.num_pending or 0 for i in infos[:-1]], [i.num_ack_pending or 0 for i in infos[:-1]],
-                          infos[-1].num_pending or 0)
+                          infos[-1].num_pending or 0, since)
         self.loads.live = self.directory.live_partitions()
         polled, self._polled = self._polled, asyncio.Event()
         polled.set()
