@@ -24,7 +24,7 @@ from kev.model.weights import random_model
 def engine_for(model, tokenizer, n: int, invariant: bool, record: bool) -> kev.Engine:
     config = kev.load_config({"router": {"max_parallel_queries": n, "channel_pool_size": n},
                               "core": {"max_context": 2048, "batch_invariant": invariant},
-                              "aggregator": {"timeout_ms": 3_600_000}})
+                              "aggregator": {"timeout_ms": 600_000}})
     return kev.Engine(config, build_parts(config, model, tokenizer), record_logits=record)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kev.distributed.messages import MalformedMessage, WorkerStatus, decode
+from kev.engine.stats import EngineStats
 
 LIVE_PERIODS = 5
 
@@ -37,6 +38,17 @@ class WorkerDirectory:
         """Partitions a live worker pulls; None while no worker is heard from (then every partition
         counts: questions wait in the stream for a worker, within the backlog limits)."""
         return {s.partition for s in self.live()} or None
+
+    def totals(self) -> tuple[EngineStats, dict[str, int]]:
+        """The live workers' step counters and audit alert counts, added up (their steps stay on the workers)."""
+        stats, alerts = EngineStats(), {}
+        for s in self.live():
+            stats.num_steps += s.num_steps
+            stats.num_tokens_computed += s.num_tokens_computed
+            stats.num_tokens_generated += s.num_tokens_generated
+            for kind, n in s.alerts.items():
+                alerts[kind] = alerts.get(kind, 0) + n
+        return stats, alerts
 
     def channel_states(self) -> list[dict[str, Any]]:
         """Every live worker's channels; channel_id is the worker's own, `worker` says whose."""

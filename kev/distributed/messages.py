@@ -114,6 +114,9 @@ class WorkerStatus(_Message):
     channels: list[dict[str, Any]] = []
     queue_length: int = 0
     num_steps: int = 0
+    num_tokens_computed: int = 0
+    num_tokens_generated: int = 0
+    alerts: dict[str, int] = {}  # the engine's audit alert counts by kind
 
 
 class MalformedMessage(ValueError):

@@ -39,12 +39,34 @@ class Share:
 
 
 class ReplicaStats:
+    """The replicas' EngineStats and audit alert counts, added up (what /v1/stats and /metrics read)."""
+
     def __init__(self, replicas: list[Engine]) -> None:
         self.replicas = replicas
 
     @property
     def recent(self) -> list[StepRecord]:
         return sorted((r for e in self.replicas for r in list(e.stats.recent)), key=lambda r: r.at)
+
+    @property
+    def num_steps(self) -> int:
+        return sum(e.stats.num_steps for e in self.replicas)
+
+    @property
+    def num_tokens_computed(self) -> int:
+        return sum(e.stats.num_tokens_computed for e in self.replicas)
+
+    @property
+    def num_tokens_generated(self) -> int:
+        return sum(e.stats.num_tokens_generated for e in self.replicas)
+
+    @property
+    def alert_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self.replicas:
+            for kind, n in e.audit.alert_counts.items():
+                counts[kind] = counts.get(kind, 0) + n
+        return counts
 
 
 class ReplicaEngine:
@@ -65,7 +87,7 @@ class ReplicaEngine:
         self.placer = PartitionPlacer.build(config.router, len(self.replicas), encoder)
         self.requests: dict[str, Request] = {}  # the caller's view, fed by the drain threads
         self.shares: dict[str, list[Share]] = {}
-        self.stats = ReplicaStats(self.replicas)
+        self.stats = self.audit = ReplicaStats(self.replicas)  # the Engine's two counter objects, added up
         self._lock = threading.Lock()  # placement reads and bumps the replicas' loads; delivery adds results
 
     # --- the Engine API ------------------------------------------------------------

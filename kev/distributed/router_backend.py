@@ -30,6 +30,7 @@ from kev.distributed.prepare import Prepared, prepare, validate_options
 from kev.distributed.router_link import RouterLink
 from kev.distributed.router_requests import OpenRequest
 from kev.distributed.router_encoder import load_router_model
+from kev.engine.stats import EngineStats
 from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError, UnknownRequestError
 from kev.router.router import Placement
 from kev.server.metrics import ServerMetrics
@@ -221,10 +222,14 @@ class DistributedBackend:
     async def channels(self) -> tuple[list[dict[str, Any]], int]:
         return self.directory.channel_states(), self.placer.loads.total_waiting
 
+    async def stats(self) -> EngineStats:
+        return self.directory.totals()[0]
+
     async def refresh_metrics(self) -> None:
         states, waiting = await self.channels()
         self.link.gauges.set(self.placer.loads, len(self.directory.live()), self.link.is_connected)
-        self.metrics.refresh([], states, waiting)  # steps happen on the workers: their logs and audit files have them
+        # Steps happen on the workers (their audit logs have them); the alert counts come with their heartbeats.
+        self.metrics.refresh([], states, waiting, self.directory.totals()[1])
 
     async def shutdown(self) -> int:
         unfinished = [rid for rid, r in self.requests.items() if not r.is_done]

@@ -184,7 +184,9 @@ class Worker:
         status = WorkerStatus(worker=self.worker_id, partition=self.partition, capacity=self.capacity,
                               inflight=len(self.jobs), at=time.time(), host=socket.gethostname(), pid=os.getpid(),
                               channels=channels, queue_length=sum(c["queued"] for c in channels),
-                              num_steps=self.engine.num_steps)
+                              num_steps=self.engine.stats.num_steps, num_tokens_computed=self.engine.stats.num_tokens_computed,
+                              num_tokens_generated=self.engine.stats.num_tokens_generated,
+                              alerts=dict(self.engine.audit.alert_counts))
         await self.link.nc.publish(self.link.topology.status_subject(self.worker_id), status.encode())
 
     async def _on_status(self, msg: Msg) -> None:

@@ -142,8 +142,12 @@ class Engine:
         return self.wait(self.submit(queries, **options), timeout)
 
     def close(self) -> None:
+        """Stop the loop; unfinished questions end as cancelled, so every wait() and stream() returns."""
         with self._lock:
             self._closed = True
+            for request_id, request in list(self.requests.items()):
+                if not request.done.is_set():
+                    self.cancel(request_id)
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)

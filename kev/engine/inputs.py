@@ -107,6 +107,8 @@ def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, wh
     top_k = _int(top_k, f"{where}top_k", 0)
     if seed is not None:
         seed = _int(seed, f"{where}seed", 0)
+        if seed >= 2**63:
+            raise QuestionError(f"{where}seed: must be < 2**63, got {seed}")
     if isinstance(stop, str):
         stop = (stop,)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
@@ -121,6 +123,10 @@ def _text(value: Any, where: str) -> str:
         raise QuestionError(f"{where}: must be a string, got {type(value).__name__}")
     if not value.strip():
         raise QuestionError(f"{where}: is empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise QuestionError(f"{where}: is not valid Unicode text (a lone surrogate)") from None
     return value
 
 

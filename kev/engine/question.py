@@ -21,7 +21,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below 1e-5, logits / temperature overflows to inf and softmax to NaN: greedy is the limit anyway.
+        return self.temperature < 1e-5
 
 
 class Phase(enum.Enum):

@@ -190,6 +190,22 @@ class ChannelsResponse(BaseModel):
     num_active: int
 
 
+class StepModel(BaseModel):
+    at: float = Field(description="unix seconds when the step ended")
+    num_channels: int = Field(description="channels in the one forward (batch size)")
+    num_tokens: int = Field(description="tokens computed (prefill + decode)")
+    num_sampled: int = Field(description="tokens generated")
+    step_ms: float
+
+
+class StatsResponse(BaseModel):
+    now: float = Field(description="the server's clock (unix seconds), to align the steps' `at`")
+    num_steps: int
+    num_tokens_computed: int
+    num_tokens_generated: int
+    steps: list[StepModel] = Field(description="the engine's most recent steps after `since`, oldest first")
+
+
 class ErrorDetail(BaseModel):
     message: str
     type: str

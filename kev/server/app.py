@@ -24,6 +24,7 @@ from kev.server.backend import build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
+from kev.server.playground import routes as playground
 from kev.server.service import KevService
 
 log = logging.getLogger("kev.server")
@@ -50,7 +51,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
                   description="Many independent questions, one forward pass, isolated channels.")
     app.state.service = service
     install_handlers(app)
-    for router in (routes_kev.router, routes_openai.router, routes_ops.router):
+    for router in (routes_kev.router, routes_openai.router, routes_ops.router, playground.router):
         app.include_router(router)
     _document_served_model(app, service.model_name)
     app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key, max_body_bytes=config.server.max_body_bytes)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
+from kev.engine.stats import EngineStats
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
@@ -44,6 +45,10 @@ class Backend(Protocol):
 
     async def channels(self) -> tuple[list[dict[str, Any]], int]:
         """Every channel's state, and the number of questions waiting for one."""
+        ...
+
+    async def stats(self) -> EngineStats:
+        """Step counters and the most recent steps (a cluster's steps happen on its workers: counters only)."""
         ...
 
     async def refresh_metrics(self) -> None: ...

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from kev.aggregator.result import Result
 from kev.engine.engine import Engine
+from kev.engine.stats import EngineStats
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
@@ -70,9 +71,12 @@ class EngineBridge:
         """Every channel's state, and the number of questions waiting for one."""
         return await self.run(self.engine.channel_states), await self.run(self.engine.queue_length)
 
+    async def stats(self) -> EngineStats:
+        return self.engine.stats
+
     async def refresh_metrics(self) -> None:
         states, queue_length = await self.channels()
-        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length)
+        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, dict(self.engine.audit.alert_counts))
 
     def watch(self, request_id: str, num_questions: int, listen: bool) -> Watch:
         loop = asyncio.get_running_loop()

@@ -11,9 +11,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from kev.aggregator.result import Result
 from kev.engine.stats import StepRecord
+from kev.isolation.audit import ISOLATION_ALERTS, OTHER_ALERTS
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+ALERT_KINDS = ISOLATION_ALERTS + OTHER_ALERTS
 
 
 class ServerMetrics:
@@ -31,7 +35,8 @@ class ServerMetrics:
         self.completion_tokens = Counter("kev_completion_tokens", "completion tokens of finished questions", registry=r)
         self.channel_tokens = Counter("kev_channel_completion_tokens", "completion tokens per channel", ["channel_id"], registry=r)
         self.rejects = Counter("kev_rejects", "requests refused for lack of capacity", ["reason"], registry=r)
-        self.isolation_alerts = Counter("kev_isolation_alerts", "isolation alerts (shadow re-run mismatches)", ["kind"], registry=r)
+        self.isolation_alerts = Gauge("kev_isolation_alerts", "audit alerts raised by the engine since start, by kind",
+                                      ["kind"], registry=r)
         self.question_seconds = Histogram("kev_question_seconds", "a question's time in its channel", buckets=_SECONDS, registry=r)
         self.steps = Counter("kev_engine_steps", "engine steps (one forward each)", registry=r)
         self.step_seconds = Histogram("kev_step_seconds", "time of one engine step", buckets=_SECONDS, registry=r)
@@ -53,11 +58,12 @@ class ServerMetrics:
         self.channel_tokens.labels(channel).inc(result.completion_tokens)
         if result.elapsed_ms:
             self.question_seconds.observe(result.elapsed_ms / 1000)
-        if result.isolation_verified is False:
-            self.isolation_alerts.labels("shadow_mismatch").inc()
 
-    def refresh(self, recent: list[StepRecord], channel_states: list[dict[str, Any]], queue_length: int) -> None:
+    def refresh(self, recent: list[StepRecord], channel_states: list[dict[str, Any]], queue_length: int,
+                alert_counts: dict[str, int]) -> None:
         """Fold the steps since the last scrape into the histograms; set the gauges."""
+        for kind in ALERT_KINDS:
+            self.isolation_alerts.labels(kind).set(alert_counts.get(kind, 0))
         for record in _after(recent, self._last_step):
             self.steps.inc()
             self.step_seconds.observe(record.step_ms / 1000)

@@ -13,8 +13,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kev.server.errors import error_body
 from kev.server.metrics import ServerMetrics
+from kev.server.playground import PAGE_PATHS
 
-OPEN_PATHS = frozenset({"/healthz"})  # liveness probes carry no key
+# Liveness probes carry no key; nor does loading the playground page, which holds no secret (its API calls do).
+OPEN_PATHS = frozenset({"/healthz", *PAGE_PATHS})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 

@@ -1,16 +1,21 @@
-"""Operations: /healthz (alive), /readyz (backend ready), /v1/channels (live channel table), /metrics (Prometheus)."""
+"""Operations: /healthz (alive), /readyz (backend ready), /v1/channels (live channel table), /v1/stats (recent
+engine steps), /metrics (Prometheus)."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+import time
+from dataclasses import asdict
+
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kev.server.api_models import ChannelModel, ChannelsResponse, Health
+from kev.server.api_models import ChannelModel, ChannelsResponse, Health, StatsResponse, StepModel
 from kev.server.errors import error_responses
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
 
 router = APIRouter(tags=["operations"])
+MAX_STEPS = 1024  # per answer: a poller asks for what came `since` its last answer
 
 
 @router.get("/healthz", response_model=Health, summary="The process is up (no API key needed)")
@@ -37,6 +42,17 @@ async def channels(service: KevService = Depends(get_service)) -> ChannelsRespon
     states, queue_length = await service.ready_backend().channels()
     return ChannelsResponse(channels=[ChannelModel(**s) for s in states], queue_length=queue_length,
                             num_active=sum(1 for s in states if s["state"] != "idle"))
+
+
+@router.get("/v1/stats", response_model=StatsResponse, responses=error_responses(401, 422, 503),
+            summary="The engine's own counters and its most recent steps (channels and tokens per forward, step time)")
+async def stats(since: float | None = Query(None, description="only steps that ended after this unix time"),
+                service: KevService = Depends(get_service)) -> StatsResponse:
+    counters = await service.ready_backend().stats()
+    recent = [r for r in list(counters.recent)[-MAX_STEPS:] if since is None or r.at > since]
+    return StatsResponse(now=time.time(), num_steps=counters.num_steps, num_tokens_computed=counters.num_tokens_computed,
+                         num_tokens_generated=counters.num_tokens_generated,
+                         steps=[StepModel(**asdict(r)) for r in recent])
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},

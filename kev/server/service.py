@@ -100,7 +100,7 @@ class KevService:
         return tracked
 
     async def wait(self, tracked: Tracked, http: HttpRequest) -> bool:
-        """Until every question finished (True) or the caller hung up (False: its questions are cancelled)."""
+        """Until every question finished (True) or the caller hung up (False; its release() then cancels them)."""
         finished = asyncio.ensure_future(tracked.watch.done.wait())
         gone = asyncio.ensure_future(_disconnected(http))
         try:

@@ -13,7 +13,7 @@ from tests.distributed.cluster_harness import BASE, Cluster
 from tests.distributed.test_cluster_e2e import same_as_single, wait_until
 from tests.server.harness import metric
 
-pytestmark = [pytest.mark.service, pytest.mark.slow]
+pytestmark = pytest.mark.service
 
 QUESTIONS = [f"Tell me a fact about the number {i}." for i in range(16)]
 

@@ -71,3 +71,20 @@ def test_empty_config_file_works(tmp_path):
 def test_unknown_model_path_names_it():
     with pytest.raises(ModelNotFoundError, match="/no/such/model"):
         kev.Engine.from_config({"core": {"model_path": "/no/such/model"}})
+
+
+def test_edge_values_are_clean_errors_or_work(engine):
+    results = engine.generate(["\ud800 broken", {"text": "Hi", "seed": 2**63}, {"text": "Hi", "temperature": 1e-30}],
+                              max_tokens=2, timeout=300)
+    assert results[0].status == "error" and "lone surrogate" in results[0].error
+    assert results[1].status == "error" and "seed" in results[1].error
+    assert results[2].status == "ok", "a tiny temperature is greedy, not NaN"
+
+
+def test_close_cancels_unfinished_questions(make_engine):
+    engine = make_engine(background=False)
+    rid = engine.submit(["Hi", "Tell me a long story."], max_tokens=50)
+    engine.step()
+    engine.close()
+    assert {r.status for r in engine.results(rid)} == {"cancelled"}
+    assert len(list(engine.stream(rid, timeout=5))) >= 2, "a stream of a closed engine ends"

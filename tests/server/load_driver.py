@@ -152,7 +152,7 @@ def markdown(report: LoadReport, max_tokens: int, requests_per_client: int, peak
                            f"questions/s, {report.completion_tokens / report.wall_s:.1f} completion tokens/s"),
             ("request latency p50 / p99", f"{report.percentile_ms(0.5) / 1000:.2f} s / {report.percentile_ms(0.99) / 1000:.2f} s"),
             ("server peak RSS (VmHWM)", f"{peak_rss_mib:.0f} MiB"),
-            ("server CPU time during the run", f"{cpu_s:.0f} s ({cpu_s / report.wall_s:.2f} cores)"),
+            ("server CPU time (solo + load phases)", f"{cpu_s:.0f} s ({cpu_s / report.wall_s:.2f} cores)"),
             ("machine 1-min load average (mean / max)", f"{sum(report.load_samples) / max(1, len(report.load_samples)):.1f} / "
                                                         f"{max(report.load_samples, default=0):.1f}")]
     lines = ["| measure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)]

@@ -20,8 +20,11 @@ MIXED = ["What is the capital of France?", [{"role": "user", "content": "Say hi.
 
 @pytest.fixture(scope="module")
 def server(start_server) -> ServerProcess:
-    # default_max_tokens keeps the article's curl example (no max_tokens) short on a CPU.
-    return start_server({"router": {"default_max_tokens": 8}, "aggregator": {"timeout_ms": 120_000}})
+    # default_max_tokens keeps the article's curl example (no max_tokens) short on a CPU;
+    # round_robin: the channel tests want a request's questions side by side (semantic_hash
+    # would queue two identical questions on one channel).
+    return start_server({"router": {"default_max_tokens": 8, "strategy": "round_robin"},
+                         "aggregator": {"timeout_ms": 120_000}})
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +108,8 @@ def test_async_submit_poll_and_results_equal_query(client: httpx.Client) -> None
 
 def test_delete_cancels_and_frees_channels(client: httpx.Client) -> None:
     rid = client.post("/v1/requests", json={"queries": [LONG, LONG]}).json()["request_id"]
-    wait_until(lambda: any(c["request_id"] == rid and c["state"] == "decode"
-                           for c in client.get("/v1/channels").json()["channels"]))
+    wait_until(lambda: sum(c["request_id"] == rid and c["state"] == "decode"
+                           for c in client.get("/v1/channels").json()["channels"]) == 2)
     cancelled = client.delete(f"/v1/requests/{rid}")
     assert cancelled.status_code == 200
     body = cancelled.json()
@@ -178,5 +181,5 @@ def test_metrics_counters_move(client: httpx.Client) -> None:
     for channel in {str(r["channel_id"]) for r in results}:
         assert metric(after, "kev_channel_questions_total", channel_id=channel, status="ok") >= 1
     for name in ("kev_queue_length", "kev_channels", "kev_step_channels_bucket", "kev_rejects_total",
-                 "kev_isolation_alerts_total", "kev_hash_bucket_questions_total", "kev_inflight_requests"):
+                 "kev_isolation_alerts", "kev_hash_bucket_questions_total", "kev_inflight_requests"):
         assert f"# TYPE {name.removesuffix('_bucket').removesuffix('_total')}" in after

@@ -105,8 +105,8 @@ def test_registry_bounds_in_flight_and_forgets_expired() -> None:
 def test_metrics_fold_each_step_once() -> None:
     metrics = ServerMetrics()
     steps = [StepRecord(float(i), 2, 10, 2, 50.0) for i in range(3)]
-    metrics.refresh(steps, [{"state": "idle"}, {"state": "decode"}], 4)
-    metrics.refresh(steps + [StepRecord(3.0, 4, 4, 4, 20.0)], [], 0)
+    metrics.refresh(steps, [{"state": "idle"}, {"state": "decode"}], 4, {})
+    metrics.refresh(steps + [StepRecord(3.0, 4, 4, 4, 20.0)], [], 0, {"cross_channel_visible": 2})
     registry = metrics.registry
     assert registry.get_sample_value("kev_engine_steps_total") == 4
     assert registry.get_sample_value("kev_step_channels_sum") == 10
@@ -114,7 +114,8 @@ def test_metrics_fold_each_step_once() -> None:
     metrics.observe_result(Result("r", 0, completion_tokens=3, prompt_tokens=5, channel_id=1, status="ok",
                                   finish_reason="length", isolation_verified=False))
     assert registry.get_sample_value("kev_channel_questions_total", {"channel_id": "1", "status": "ok"}) == 1
-    assert registry.get_sample_value("kev_isolation_alerts_total", {"kind": "shadow_mismatch"}) == 1
+    assert registry.get_sample_value("kev_isolation_alerts", {"kind": "cross_channel_visible"}) == 2
+    assert registry.get_sample_value("kev_isolation_alerts", {"kind": "shadow_mismatch"}) == 0
     assert b"kev_completion_tokens_total 3.0" in metrics.render()
 
 
@@ -129,3 +130,33 @@ def test_openai_usage_counts_each_prompt_once() -> None:
 def test_sse_frames_one_line_of_json() -> None:
     assert sse({"text": "a\nb"}, "delta") == 'event: delta\ndata: {"text": "a\\nb"}\n\n'
     assert sse("[DONE]") == "data: [DONE]\n\n"
+
+
+class RefusingEngine:
+    """Stands in for an engine whose submit() refuses, as the overflow policies will."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def submit(self, queries: list, **options: object) -> str:
+        raise self.error
+
+
+@pytest.mark.parametrize(("error", "status", "field", "retry_after"), [
+    (kev.RejectedError("channel pool full (overflow_policy: reject)"), 429, None, "1"),
+    (TimeoutError("no channel free after 5s"), 503, None, "1"),
+    (kev.InvalidRequestError("max_parallel: must be a positive integer, got 0"), 422, "max_parallel", None),
+])
+def test_engine_refusals_map_to_http(error: Exception, status: int, field: str | None, retry_after: str | None) -> None:
+    import asyncio
+
+    from kev.server.service import KevService
+
+    service = KevService(kev.load_config({}), ServerMetrics())
+    service.attach(RefusingEngine(error))  # type: ignore[arg-type]
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(service.submit(["q"], {}, "query"))
+    service.bridge.close()  # type: ignore[union-attr]
+    assert (refused.value.status_code, refused.value.field) == (status, field)
+    assert (refused.value.headers or {}).get("Retry-After") == retry_after
+    assert service.registry.num_inflight == 0, "a refused submission gives its slot back"
