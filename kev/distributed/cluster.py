@@ -12,10 +12,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import httpx
 
 from kev.config import ConfigSource, load_config
 from kev.distributed.nats_server import NatsServer
@@ -42,6 +42,7 @@ class LocalCluster:
     worker_threads: int | None = None
     nats: NatsServer | None = None
     children: list[Child] = field(default_factory=list)
+    _headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -50,7 +51,8 @@ class LocalCluster:
     def up(self, timeout: float = 300.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nats = NatsServer(self.workdir / "nats", self.nats_port).start()
-        config_path = self._write_config(self.nats.url)
+        config_path, api_key = self._write_config(self.nats.url)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         base = ["--config", str(config_path)]
         self._spawn("aggregator", ["aggregator", *base])
         threads = ["--threads", str(self.worker_threads)] if self.worker_threads else []
@@ -59,12 +61,12 @@ class LocalCluster:
         self._spawn("router", ["serve", *base, "--host", self.host, "--port", str(self.port)])
         self._wait_ready(timeout)
 
-    def _write_config(self, nats_url: str) -> Path:
+    def _write_config(self, nats_url: str) -> tuple[Path, str | None]:
         config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url, "workers": self.num_workers,
                                                       "devices": []}})
         path = self.workdir / "kev.yaml"
         path.write_text(json.dumps({"kev": config.model_dump(mode="json", exclude_none=True)}, indent=1))  # JSON is YAML
-        return path
+        return path, config.server.api_key
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log_path = self.workdir / f"{name}.log"
@@ -80,11 +82,12 @@ class LocalCluster:
             if dead := self.exited():
                 raise KevError(f"{dead[0].name} exited with {dead[0].proc.returncode}; see {dead[0].log_path}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    workers = {c.get("worker") for c in httpx.get(f"{self.url}/v1/channels", timeout=2).json()["channels"]}
-                    if len(workers - {None}) >= self.num_workers:
-                        return
-            except httpx.HTTPError:
+                request = urllib.request.Request(f"{self.url}/v1/channels", headers=self._headers)
+                with urllib.request.urlopen(request, timeout=2) as response:  # 503 until the router is ready
+                    workers = {c.get("worker") for c in json.load(response)["channels"]}
+                if len(workers - {None}) >= self.num_workers:
+                    return
+            except (urllib.error.URLError, OSError, ValueError):
                 pass
             time.sleep(0.3)
         raise KevError(f"cluster not ready after {timeout}s; logs in {self.workdir}")

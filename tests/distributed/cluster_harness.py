@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from kev.distributed.nats_server import NatsServer
-from tests.server.harness import ServerProcess
+from harness import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 # Small and fast: one CPU thread per worker, short lease so a killed worker's questions come back soon.

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.distributed.cluster_harness import BASE, Cluster
-from tests.server.harness import ServerProcess
+from harness import ServerProcess
 
 # The reference runs the same numerics as the workers (same core settings), in single mode.
 SINGLE = {"router": {"strategy": "consistent_hash", "default_max_tokens": 8}, "aggregator": {"timeout_ms": 120_000},

@@ -12,7 +12,7 @@ import nats
 import pytest
 
 from tests.distributed.cluster_harness import Cluster
-from tests.server.harness import metric, read_sse
+from harness import metric, read_sse
 
 pytestmark = pytest.mark.service
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.distributed.cluster_harness import BASE, Cluster
 from tests.distributed.test_cluster_e2e import same_as_single, wait_until
-from tests.server.harness import metric
+from harness import metric
 
 pytestmark = pytest.mark.service
 

@@ -12,7 +12,7 @@ import pytest
 import kev
 from kev.distributed.replicas import ReplicaEngine
 from tests.distributed.test_cluster_e2e import same_as_single
-from tests.server.harness import ServerProcess
+from harness import ServerProcess
 
 QUESTIONS = ["What is the capital of France?", "Say hi.", "Name a colour.", "写一句诗", "Count to three.",
              {"prompt": "The sky is"}, [{"role": "user", "content": "2+2?"}], "Name a fruit."]
