@@ -125,14 +125,14 @@ async def connect_forever(deploy: DeployConfig, name: str, stopping: asyncio.Eve
 
 async def declare(js: JetStreamContext, topology: Topology, deploy: DeployConfig) -> tuple[KeyValue, KeyValue]:
     """Create (or keep) the streams, the durable consumers and the KV buckets of the cluster."""
-    ttl = deploy.result_ttl_s
+    ttl, copies, file = deploy.result_ttl_s, deploy.stream_replicas, api.StorageType.FILE
     await _stream(js, api.StreamConfig(name=topology.work_stream, subjects=[f"{topology.prefix}.work.>"],
-                                       retention=api.RetentionPolicy.WORK_QUEUE, storage=api.StorageType.FILE,
+                                       retention=api.RetentionPolicy.WORK_QUEUE, storage=file, num_replicas=copies,
                                        duplicate_window=120.0))
     await _stream(js, api.StreamConfig(name=topology.results_stream, subjects=[f"{topology.prefix}.result.>"],
-                                       retention=api.RetentionPolicy.LIMITS, storage=api.StorageType.FILE, max_age=ttl))
+                                       retention=api.RetentionPolicy.LIMITS, storage=file, num_replicas=copies, max_age=ttl))
     await _stream(js, api.StreamConfig(name=topology.dead_stream, subjects=[f"{topology.prefix}.dead.>"],
-                                       storage=api.StorageType.FILE, max_age=7 * 86400.0))
+                                       storage=file, num_replicas=copies, max_age=7 * 86400.0))
     for durable, subject in topology.work_consumers():
         await _consumer(js, topology.work_stream, api.ConsumerConfig(
             durable_name=durable, filter_subject=subject, ack_policy=api.AckPolicy.EXPLICIT,
@@ -140,12 +140,13 @@ async def declare(js: JetStreamContext, topology: Topology, deploy: DeployConfig
     await _consumer(js, topology.results_stream, api.ConsumerConfig(
         durable_name=topology.aggregator_consumer, filter_subject=f"{topology.prefix}.result.>",
         ack_policy=api.AckPolicy.EXPLICIT, ack_wait=max(deploy.ack_wait_s, 10.0), max_ack_pending=-1))
-    return await _bucket(js, topology.requests_bucket, ttl), await _bucket(js, topology.answers_bucket, ttl)
+    return (await _bucket(js, topology.requests_bucket, ttl, copies),
+            await _bucket(js, topology.answers_bucket, ttl, copies))
 
 
-async def _bucket(js: JetStreamContext, name: str, ttl: float) -> KeyValue:
+async def _bucket(js: JetStreamContext, name: str, ttl: float, copies: int) -> KeyValue:
     try:
-        return await js.create_key_value(bucket=name, history=1, ttl=ttl)
+        return await js.create_key_value(bucket=name, history=1, ttl=ttl, replicas=copies)
     except BadRequestError:
         log.warning("KV bucket %s exists with different settings; using it as it is", name)
         return await js.key_value(name)
