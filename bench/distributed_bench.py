@@ -92,7 +92,7 @@ def throughput(url: str) -> tuple[float, float]:
     """(questions/s, tokens/s) for 32 questions x 16 tokens as 4 concurrent requests of 8."""
     def ask(i: int) -> int:
         with httpx.Client(base_url=url, timeout=600) as client:
-            body = {"queries": QUESTIONS[8 * i: 8 * i + 8], "max_tokens": 16, "ignore_eos": True}
+            body = {"queries": QUESTIONS[8 * i: 8 * i + 8], "max_tokens": 16}
             return sum(r["completion_tokens"] for r in client.post("/v1/query", json=body).json()["results"])
 
     ask(0)  # warm-up
@@ -107,7 +107,7 @@ def batch_time(url: str, kill: subprocess.Popen[bytes] | None) -> float:
     """Seconds until 16 questions x 32 tokens are all answered; SIGKILL `kill` once it holds questions."""
     with httpx.Client(base_url=url, timeout=600) as client:
         started = time.perf_counter()
-        accepted = client.post("/v1/requests", json={"queries": QUESTIONS[:16], "max_tokens": 32, "ignore_eos": True}).json()
+        accepted = client.post("/v1/requests", json={"queries": QUESTIONS[:16], "max_tokens": 32}).json()
         killed = kill is None
         while True:
             status = client.get(accepted["location"]).json()

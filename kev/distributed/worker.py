@@ -28,12 +28,13 @@ from kev.distributed.dead_letter import reject
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import MalformedMessage, WorkerStatus, WorkItem, decode
 from kev.distributed.subjects import answer_key
-from kev.distributed.worker_job import Job
+from kev.distributed.worker_job import Job, drain, groups
 from kev.engine.engine import Engine
 from kev.errors import KevError
 
 log = logging.getLogger("kev.distributed")
 LONG_POLL_S = 0.5  # waiting on the own partition; the others are polled in between
+GATHER_S = 0.01  # after a fetch, how long to wait for more of what is arriving
 CANCEL_MEMORY_S = 600.0
 
 
@@ -83,16 +84,20 @@ class Worker:
             if not self.stopping.is_set():
                 await self._wait(self.stopping, timeout)
             return 0
+        msgs: list[Msg] = []
         try:
-            msgs = await sub.fetch(free, timeout=timeout)
+            msgs += await sub.fetch(free, timeout=timeout)
+            while len(msgs) < free:  # a request's questions arrive one by one: gather them, so they start together
+                msgs += await sub.fetch(free - len(msgs), timeout=GATHER_S)
         except asyncio.TimeoutError:
-            return 0
+            pass
         except Exception as err:  # NATS went away: the connection comes back by itself
             log.debug("worker %s: fetch failed: %s", self.worker_id, err)
             await self._wait(self.stopping, timeout)
             return 0
-        for msg in msgs:
-            await self._start(msg)
+        jobs = [job for msg in msgs if (job := await self._accept(msg)) is not None]
+        for group in groups(jobs):
+            self._spawn(self._run_group(group))
         return len(msgs)
 
     def _orphans(self) -> list[int]:
@@ -100,26 +105,43 @@ class Worker:
         live = self.directory.live_partitions() or set()
         return [p for p in range(self.config.deploy.num_partitions) if p != self.partition and p not in live]
 
-    async def _start(self, msg: Msg) -> None:
+    async def _accept(self, msg: Msg) -> Job | None:
+        """A job for the message, or None (malformed: dead letter; stale, cancelled or already running here)."""
         assert self.link is not None
         try:
             item = decode(WorkItem, msg.data)
         except MalformedMessage as err:
             await self._guarded(reject(self.link.js, self.link.topology, msg, "work", str(err), self.worker_id))
-            return
+            return None
         key = answer_key(item.request_id, item.index)
         if key in self.jobs:  # redelivered while still running here (a late heartbeat): keep one run
             self.jobs[key].msg = msg
-            return
+            return None
         if item.request_id in self.cancelled or time.time() > item.expires_at:
             await self._guarded(msg.ack())  # nobody waits for it any more
-            return
-        job = Job(item, msg, self.worker_id)
-        self.jobs[key] = job
-        self._spawn(self._run_job(key, job))
+            return None
+        job = self.jobs[key] = Job(item, msg, self.worker_id)
+        return job
 
-    async def _run_job(self, key: str, job: Job) -> None:
+    async def _run_group(self, jobs: list[Job]) -> None:
+        """One engine request for the group, then each job to its ack."""
+        try:
+            engine_request_id = await asyncio.to_thread(self.engine.submit, [j.item.question for j in jobs],
+                                                        **jobs[0].item.options)
+        except KevError as err:  # options the engine refuses: each question's answer is that error
+            for job in jobs:
+                job.fail(str(err))
+        else:
+            for job in jobs:
+                job.engine_request_id = engine_request_id
+            drain(self.engine.stream(engine_request_id), jobs, asyncio.get_running_loop())
+        await asyncio.gather(*(self._run_job(job) for job in jobs))
+        if jobs[0].engine_request_id is not None:
+            self.engine.forget(jobs[0].engine_request_id)
+
+    async def _run_job(self, job: Job) -> None:
         assert self.link is not None
+        key = answer_key(job.item.request_id, job.item.index)
         try:
             result = await self._answer(job)
             await self._publish_answer(job, job.answer(result))
@@ -130,19 +152,10 @@ class Worker:
         finally:
             self.jobs.pop(key, None)
             self._room.set()
-            if job.engine_request_id is not None:
-                self.engine.forget(job.engine_request_id)
 
     async def _answer(self, job: Job) -> Result:
-        """Run the question in the engine, relaying its deltas; its final result."""
+        """Relay the question's deltas as the engine makes them; its final result."""
         assert self.link is not None
-        try:
-            job.engine_request_id = await asyncio.to_thread(self.engine.submit, [job.item.question], **job.item.options)
-        except KevError as err:  # options the engine refuses: the question's answer is that error
-            now = time.time()
-            return Result(job.item.request_id, job.item.index, status="error", finish_reason="error", error=str(err),
-                          started_at=now, finished_at=now)
-        job.drain(self.engine.stream(job.engine_request_id), asyncio.get_running_loop())
         while (event := await job.events.get()).result is None:
             await self._guarded(self.link.nc.publish(self.link.topology.delta_subject(job.item.request_id),
                                                      job.delta(event).encode()))
@@ -198,8 +211,9 @@ class Worker:
         except (ValueError, KeyError, TypeError):
             return
         self.cancelled[request_id] = time.monotonic()
-        for job in [j for j in self.jobs.values() if j.item.request_id == request_id and j.engine_request_id]:
-            await asyncio.to_thread(self.engine.cancel, job.engine_request_id)  # type: ignore[arg-type]
+        for engine_request_id in {j.engine_request_id for j in self.jobs.values() if j.item.request_id == request_id}:
+            if engine_request_id is not None:
+                await asyncio.to_thread(self.engine.cancel, engine_request_id)
 
     async def _drain(self, grace_s: float) -> None:
         """Stopping: let the questions held finish for grace_s; hand back the rest (nak: redelivered at once)."""
@@ -209,8 +223,8 @@ class Worker:
             self._room.clear()
         for job in list(self.jobs.values()):
             await self._guarded(job.msg.nak())
-            if job.engine_request_id is not None:
-                await asyncio.to_thread(self.engine.forget, job.engine_request_id)
+        for engine_request_id in {j.engine_request_id for j in self.jobs.values()} - {None}:
+            await asyncio.to_thread(self.engine.forget, engine_request_id)  # type: ignore[arg-type]
         for task in list(self._tasks):
             task.cancel()
         if self.link is not None:  # close, not drain: drain waits out its timeout on pull subscriptions
