@@ -72,6 +72,7 @@ class Aggregator:
                 continue
             for msg in msgs:
                 await self._on_answer(msg)
+            self.caught_up = self.caught_up or len(msgs) < 64  # a short batch: nothing else was pending
         for task in tasks:
             task.cancel()
         log.info("aggregator %s: stopping", self.aggregator_id)
