@@ -23,3 +23,7 @@ class OverflowTimeoutError(KevError, TimeoutError):
 
 class UnknownRequestError(KevError, KeyError):
     """A request_id that this engine never issued (or already forgot)."""
+
+
+class UnavailableError(KevError):
+    """The backend cannot take work now (the message queue is unreachable); retry later."""

@@ -33,6 +33,7 @@ class Result:
     normalized_text: str | None = None
     numerics_fingerprint: str = ""
     isolation_verified: bool | None = None
+    worker: str | None = None  # distributed: the worker that answered (channel_id is that worker's channel)
     logits: Any = None  # [completion_tokens, vocab] fp32 tensor, only when the engine records logits
 
     @property

@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens-cap", type=int, help="server.max_tokens_cap")
     parser.add_argument("--max-inflight-requests", type=int, help="server.max_inflight_requests")
     parser.add_argument("--grace", dest="shutdown_grace_s", type=float, help="server.shutdown_grace_s")
+    parser.add_argument("--nats-url", help="deploy.nats_url: be the router of a cluster (implies deploy.mode distributed)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -39,7 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from kev.server.app import build_app
 
     server_overrides = {name: getattr(args, name) for name in _SERVER_FLAGS if getattr(args, name) is not None}
-    config = config_from_args(args, {"server": server_overrides} if server_overrides else None)
+    overrides = {"server": server_overrides} if server_overrides else {}
+    if args.nats_url:
+        overrides["deploy"] = {"mode": "distributed", "nats_url": args.nats_url}
+    config = config_from_args(args, overrides)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     logging.getLogger("kev").setLevel(args.log_level.upper())
     failed: list[bool] = []

@@ -9,16 +9,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kev.config.deploy_config import DeployConfig
 from kev.server.server_config import ServerConfig
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DeployConfig(_Section):
-    mode: Literal["single", "multi_gpu", "distributed"] = "single"
-    workers: int = Field(1, ge=1)
 
 
 DEFAULT_FILLER_WORDS = ("嗯", "啊", "呃", "额", "哦", "唔", "那个", "um", "umm", "uh", "uhh", "uhm", "er", "erm",
@@ -145,9 +141,13 @@ class CoreConfig(_Section):
     batch_invariant: bool = True
     threads: int | None = Field(None, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=1)
+    tensor_parallel: int = Field(1, ge=1)  # reserved: sharding one model over devices is not implemented
 
     @model_validator(mode="after")
     def _chunk_fits_budget(self) -> CoreConfig:
+        if self.tensor_parallel > 1:
+            raise ValueError(f"core.tensor_parallel ({self.tensor_parallel}): tensor parallelism is not implemented; "
+                             "use deploy.mode multi_gpu (one engine replica per device) or distributed")
         if self.prefill_chunk > self.max_step_tokens:
             raise ValueError(
                 f"core.prefill_chunk ({self.prefill_chunk}) exceeds core.max_step_tokens ({self.max_step_tokens})"
@@ -174,4 +174,17 @@ class KevConfig(_Section):
         if self.aggregator.timeout_ms > self.router.timeout_ms_cap:
             raise ValueError(f"aggregator.timeout_ms ({self.aggregator.timeout_ms}) exceeds "
                              f"router.timeout_ms_cap ({self.router.timeout_ms_cap})")
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_hold_the_groups(self) -> KevConfig:
+        """multi_gpu and distributed route over replicas / partitions, one channel group each at least."""
+        router = self.router
+        groups = (len(router.categories) + 1 if router.categories else 1) * (
+            len(router.length_tiers) + 1 if router.strategy == "length_aware" else 1)
+        slots = {"multi_gpu": len(self.deploy.devices), "distributed": self.deploy.num_partitions}.get(self.deploy.mode)
+        if slots is not None and groups > slots:
+            key = "deploy.devices" if self.deploy.mode == "multi_gpu" else "deploy.partitions"
+            raise ValueError(f"{key}: the router's {groups} channel groups (router.categories x length tiers) "
+                             f"need at least {groups} {'replicas' if self.deploy.mode == 'multi_gpu' else 'partitions'}, got {slots}")
         return self

@@ -59,8 +59,8 @@ def build_questions(queries: list[Any], request_id: str, options: SubmitOptions,
     for index, raw in enumerate(queries):
         try:
             spec = parse_question(raw, index, options.defaults)
-            normalized = _normalize(spec, router.normalizer)
-            prompt_ids = _tokenize(spec, tokenizer, index, config.core.max_context, vocab_size)
+            normalized = normalize_question(spec, router.normalizer)
+            prompt_ids = tokenize_question(spec, tokenizer, index, config.core.max_context, vocab_size)
         except QuestionError as err:
             errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
                                  isolation=options.isolation, original_text=raw if isinstance(raw, str) else None))
@@ -76,7 +76,7 @@ def build_questions(queries: list[Any], request_id: str, options: SubmitOptions,
     return questions, errors
 
 
-def _normalize(spec: QuestionSpec, normalizer: Normalizer) -> str | None:
+def normalize_question(spec: QuestionSpec, normalizer: Normalizer) -> str | None:
     """Normalize the question (the last user message) in place; raw prompts are used as they are."""
     if not spec.messages or spec.messages[-1]["role"] != "user":
         return None
@@ -91,7 +91,7 @@ def _prefix_ids(tokenizer: Tokenizer, system: str, prompt_ids: list[int]) -> lis
     return ids if 0 < len(ids) < len(prompt_ids) and prompt_ids[: len(ids)] == ids else []
 
 
-def _tokenize(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int, vocab_size: int) -> list[int]:
+def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int, vocab_size: int) -> list[int]:
     if spec.prompt_ids is not None:
         ids = spec.prompt_ids
         if max(ids) >= vocab_size:

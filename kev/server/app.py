@@ -1,8 +1,10 @@
-"""build_app(config): the FastAPI application of `kev serve`, one engine per process.
+"""build_app(config): the FastAPI application of `kev serve`.
 
-The engine loads in a thread after the server starts listening, so /healthz answers at
-once and /readyz turns 200 when the model is in; routes that need it answer 503 until then.
-On shutdown (after uvicorn's grace period) whatever still runs is cancelled and the engine closed.
+Behind it is a backend chosen by deploy.mode (kev/server/backend.py): one engine (single),
+one engine per device (multi_gpu), or the router's link to a cluster (distributed). It
+loads in a thread after the server starts listening, so /healthz answers at once and
+/readyz turns 200 when it is ready; routes that need it answer 503 until then. On shutdown
+(after uvicorn's grace period) whatever still runs is cancelled and the backend let go.
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from fastapi import FastAPI
 
 import kev
 from kev.config import KevConfig
-from kev.engine.engine import Engine
 from kev.server import routes_kev, routes_ops, routes_openai
+from kev.server.backend import build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
@@ -26,12 +28,14 @@ from kev.server.playground import routes as playground
 from kev.server.service import KevService
 
 log = logging.getLogger("kev.server")
-EngineFactory = Callable[[KevConfig], Engine]
+EngineFactory = Callable[[KevConfig], Any]  # config -> an Engine (or anything with its API)
 
 
-def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory = Engine,
+def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory | None = None,
               on_load_failed: Callable[[], None] | None = None) -> FastAPI:
-    """api_key overrides config.server.api_key; on_load_failed lets the CLI stop the server if the model cannot load."""
+    """api_key overrides config.server.api_key; on_load_failed lets the CLI stop the server if the model cannot load.
+
+    engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
     metrics = ServerMetrics()
     service = KevService(config, metrics)
 
@@ -69,10 +73,10 @@ def _document_served_model(app: FastAPI, model_name: str) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _load(service: KevService, factory: EngineFactory, loop: asyncio.AbstractEventLoop,
+def _load(service: KevService, factory: EngineFactory | None, loop: asyncio.AbstractEventLoop,
           on_load_failed: Callable[[], None] | None) -> None:
     try:
-        engine = factory(service.config)
+        backend = build_backend(service.config, service.metrics, factory)
     except Exception as err:
         log.exception("model failed to load")
         service.load_error = f"{type(err).__name__}: {err}"
@@ -80,8 +84,8 @@ def _load(service: KevService, factory: EngineFactory, loop: asyncio.AbstractEve
             loop.call_soon_threadsafe(on_load_failed)
         return
     try:
-        loop.call_soon_threadsafe(service.attach, engine)
+        loop.call_soon_threadsafe(service.attach, backend)
     except RuntimeError:  # the server stopped while the model loaded
-        engine.close()
+        asyncio.run(backend.shutdown())
         return
     log.info("model %s loaded; ready", service.model_name)

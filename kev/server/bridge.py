@@ -1,9 +1,10 @@
-"""The engine seen from the event loop: blocking calls run in a thread pool, stream events cross over.
+"""EngineBridge: the Backend of single and multi_gpu mode: an engine in this process, seen from the event loop.
 
-Each submitted request gets one watcher thread that drains its engine stream until every
-question has finished: it counts results in the metrics and, when a caller listens,
-hands each event to the loop. A watcher always ends, because every question finishes
-(answer, timeout or cancel), which is why shutdown cancels what is still running.
+Blocking engine calls run in a thread pool. Each submitted request gets one watcher thread
+that drains its engine stream until every question has finished: it counts results in the
+metrics and, when a caller listens, hands each event to the loop. A watcher always ends,
+because every question finishes (answer, timeout or cancel), which is why shutdown cancels
+what is still running.
 """
 from __future__ import annotations
 
@@ -11,55 +12,29 @@ import asyncio
 import functools
 import logging
 import threading
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from kev.aggregator.result import Result
 from kev.engine.engine import Engine
-from kev.engine.request import StreamEvent
+from kev.engine.stats import EngineStats
 from kev.server.metrics import ServerMetrics
+from kev.server.watch import Watch
 
 log = logging.getLogger("kev.server")
 T = TypeVar("T")
 
 
-@dataclass
-class Watch:
-    """One request's watcher, as seen from the loop."""
-
-    request_id: str
-    num_questions: int
-    loop: asyncio.AbstractEventLoop
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    events: asyncio.Queue[StreamEvent | None] | None = None  # only when a caller streams
-    finished_at: float | None = None  # time.monotonic() when the last question finished
-
-    def post(self, event: StreamEvent | None) -> None:
-        """From the watcher thread: hand an event (None = the end) to the loop."""
-        try:
-            if self.events is not None:
-                self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-            if event is None:
-                self.loop.call_soon_threadsafe(self._finish)
-        except RuntimeError:  # the loop is gone (shutdown); nobody is listening any more
-            pass
-
-    def _finish(self) -> None:
-        self.finished_at = time.monotonic()
-        self.done.set()
-
-    async def stream(self) -> AsyncIterator[StreamEvent]:
-        assert self.events is not None, "watch(listen=True) to stream"
-        while (event := await self.events.get()) is not None:
-            yield event
-
-
 class EngineBridge:
+    unavailable: str | None = None  # a local engine, once loaded, always takes work
+
     def __init__(self, engine: Engine, metrics: ServerMetrics, max_threads: int) -> None:
         self.engine, self.metrics = engine, metrics
         self.pool = ThreadPoolExecutor(max_threads, thread_name_prefix="kev-http")
+
+    def start(self) -> None:
+        """Nothing to start: the engine's loop already runs."""
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking engine call off the loop."""
@@ -76,11 +51,32 @@ class EngineBridge:
 
     def _forget_orphan(self, future: asyncio.Future[str]) -> None:
         if not future.cancelled() and future.exception() is None:
-            self.run_soon(self.engine.forget, future.result())
+            self.forget(future.result())
+
+    async def results(self, request_id: str) -> list[Result]:
+        return await self.run(self.engine.results, request_id)
+
+    async def cancel(self, request_id: str) -> None:
+        await self.run(self.engine.cancel, request_id)
+
+    def forget(self, request_id: str) -> None:
+        """Cancel what is left and drop the request; never awaits (usable from a `finally` of a cancelled task)."""
+        self.run_soon(self.engine.forget, request_id)
 
     def run_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Fire and forget (usable from a `finally` of a cancelled task, where awaiting is not possible)."""
+        """Fire and forget."""
         self.pool.submit(_logged, fn, *args)
+
+    async def channels(self) -> tuple[list[dict[str, Any]], int]:
+        """Every channel's state, and the number of questions waiting for one."""
+        return await self.run(self.engine.channel_states), await self.run(self.engine.queue_length)
+
+    async def stats(self) -> EngineStats:
+        return self.engine.stats
+
+    async def refresh_metrics(self) -> None:
+        states, queue_length = await self.channels()
+        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, dict(self.engine.audit.alert_counts))
 
     def watch(self, request_id: str, num_questions: int, listen: bool) -> Watch:
         loop = asyncio.get_running_loop()
@@ -101,8 +97,19 @@ class EngineBridge:
         finally:
             watch.post(None)
 
-    def close(self) -> None:
+    async def shutdown(self) -> int:
+        """Cancel whatever still runs (including requests whose caller left), close the engine; returns how many."""
+        unfinished = await self.run(_cancel_all, self.engine)
+        await self.run(self.engine.close)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        return unfinished
+
+
+def _cancel_all(engine: Engine) -> int:
+    unfinished = [rid for rid, request in list(engine.requests.items()) if not request.done.is_set()]
+    for request_id in unfinished:
+        engine.cancel(request_id)
+    return len(unfinished)
 
 
 def _logged(fn: Callable[..., Any], *args: Any) -> None:

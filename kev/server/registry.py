@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from kev.server.bridge import Watch
+from kev.server.watch import Watch
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Operations: /healthz (alive), /readyz (model loaded), /v1/channels (live channel table), /v1/stats (recent
+"""Operations: /healthz (alive), /readyz (backend ready), /v1/channels (live channel table), /v1/stats (recent
 engine steps), /metrics (Prometheus)."""
 from __future__ import annotations
 
@@ -27,18 +27,19 @@ async def healthz() -> Health:
                                                           **error_responses(401)},
             summary="The model is loaded and the server takes requests")
 async def readyz(service: KevService = Depends(get_service)) -> JSONResponse:
-    if service.bridge is not None and not service.is_draining:
+    if service.is_ready:
         return JSONResponse(Health(status="ready", model=service.model_name).model_dump())
-    state = "draining" if service.is_draining else "failed" if service.load_error else "loading"
-    return JSONResponse(Health(status=state, model=service.model_name, detail=service.load_error).model_dump(), 503)
+    backend = service.backend
+    state = ("draining" if service.is_draining else "failed" if service.load_error else "loading" if backend is None
+             else "unavailable")
+    detail = service.load_error or (backend.unavailable if backend is not None else None)
+    return JSONResponse(Health(status=state, model=service.model_name, detail=detail).model_dump(), 503)
 
 
 @router.get("/v1/channels", response_model=ChannelsResponse, responses=error_responses(401, 503),
             summary="Each channel's state (idle / prefill / decode), its question, tokens so far; queue length")
 async def channels(service: KevService = Depends(get_service)) -> ChannelsResponse:
-    bridge, engine = service.engine()
-    states = await bridge.run(engine.channel_states)
-    queue_length = await bridge.run(engine.queue_length)
+    states, queue_length = await service.ready_backend().channels()
     return ChannelsResponse(channels=[ChannelModel(**s) for s in states], queue_length=queue_length,
                             num_active=sum(1 for s in states if s["state"] != "idle"))
 
@@ -47,8 +48,7 @@ async def channels(service: KevService = Depends(get_service)) -> ChannelsRespon
             summary="The engine's own counters and its most recent steps (channels and tokens per forward, step time)")
 async def stats(since: float | None = Query(None, description="only steps that ended after this unix time"),
                 service: KevService = Depends(get_service)) -> StatsResponse:
-    _, engine = service.engine()
-    counters = engine.stats
+    counters = await service.ready_backend().stats()
     recent = [r for r in list(counters.recent)[-MAX_STEPS:] if since is None or r.at > since]
     return StatsResponse(now=time.time(), num_steps=counters.num_steps, num_tokens_computed=counters.num_tokens_computed,
                          num_tokens_generated=counters.num_tokens_generated,
@@ -59,10 +59,7 @@ async def stats(since: float | None = Query(None, description="only steps that e
                                                              **error_responses(401)},
             summary="Prometheus metrics: requests, questions, tokens, step time, batch size, queue, rejects, alerts")
 async def metrics(service: KevService = Depends(get_service)) -> Response:
-    if service.bridge is not None:
-        engine = service.bridge.engine
-        recent = list(engine.stats.recent)
-        states, queue_length = await service.bridge.run(engine.channel_states), await service.bridge.run(engine.queue_length)
-        service.metrics.refresh(recent, states, queue_length, dict(engine.audit.alert_counts))
+    if service.backend is not None:
+        await service.backend.refresh_metrics()
     service.metrics.inflight.set(service.registry.num_inflight)
     return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)

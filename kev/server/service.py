@@ -1,6 +1,7 @@
-"""KevService: what every route shares: the engine (once loaded) behind its bridge, limits, registry, metrics.
+"""KevService: what every route shares: the backend (once loaded), limits, registry, metrics.
 
 Routes stay thin: they validate, call submit() / wait() / results() / release(), and format.
+The backend is a local engine (EngineBridge) or a cluster (DistributedBackend); see backend.py.
 """
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from starlette.requests import Request as HttpRequest
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
-from kev.engine.engine import Engine
-from kev.errors import InvalidRequestError, RejectedError
-from kev.server.bridge import EngineBridge
+from kev.errors import InvalidRequestError, RejectedError, UnavailableError
+from kev.server.backend import Backend
 from kev.server.errors import ApiError
 from kev.server.limits import Limits
 from kev.server.metrics import ServerMetrics
@@ -33,39 +33,45 @@ class KevService:
         self.registry = RequestRegistry(server.max_inflight_requests, server.result_ttl_s, server.max_retained_results)
         self.model_name = server.model_name or Path(config.core.model_path).name.removesuffix(".gguf")
         self.retry_after = {"Retry-After": str(server.retry_after_s)}
-        self.bridge: EngineBridge | None = None
+        self.backend: Backend | None = None
         self.load_error: str | None = None
         self.is_draining = False
         self.started_at = time.time()
 
     # --- life ----------------------------------------------------------------
-    def attach(self, engine: Engine) -> None:
-        self.bridge = EngineBridge(engine, self.metrics, self.config.server.max_inflight_requests + 16)
+    def attach(self, backend: Backend) -> None:
+        self.backend = backend
+        backend.start()
 
-    def engine(self) -> tuple[EngineBridge, Engine]:
-        if self.bridge is None:
+    @property
+    def is_ready(self) -> bool:
+        return self.backend is not None and not self.is_draining and self.backend.unavailable is None
+
+    def ready_backend(self) -> Backend:
+        """The backend, or a 503 saying why there is none to use now."""
+        if self.backend is None:
             detail = f"model failed to load: {self.load_error}" if self.load_error else "model is still loading"
             raise ApiError(503, detail, None, headers=self.retry_after)
         if self.is_draining:
             raise ApiError(503, "server is shutting down", None, headers=self.retry_after)
-        return self.bridge, self.bridge.engine
+        return self.backend
 
     async def shutdown(self) -> None:
-        """Cancel whatever is still running, then close the engine (its loop thread ends)."""
+        """Cancel whatever is still running, then let the backend go (an engine's loop thread ends)."""
         self.is_draining = True
-        if self.bridge is None:
+        if self.backend is None:
             return
-        bridge, engine = self.bridge, self.bridge.engine
-        unfinished = await bridge.run(_cancel_all, engine)
+        unfinished = await self.backend.shutdown()
         log.info("shutdown: cancelled %d unfinished request(s)", unfinished)
-        await bridge.run(engine.close)
-        bridge.close()
 
     # --- requests ------------------------------------------------------------
     async def submit(self, queries: list[Any], options: dict[str, Any], api: str, listen: bool = False,
                      retained: bool = False) -> Tracked:
         """Hand the questions to the engine; engine errors become HTTP errors naming the field."""
-        bridge, _ = self.engine()
+        backend = self.ready_backend()
+        if backend.unavailable is not None:
+            self.metrics.rejects.labels("unavailable").inc()
+            raise ApiError(503, backend.unavailable, None, headers=self.retry_after)
         self.sweep()
         if not self.registry.reserve():
             self.metrics.rejects.labels("server_busy").inc()
@@ -73,7 +79,10 @@ class KevService:
                                 f"server.max_inflight_requests={self.registry.max_inflight}", None, headers=self.retry_after)
         options = {"max_tokens": self.limits.default_max_tokens, **options}
         try:
-            request_id = await bridge.submit(queries, options)
+            request_id = await backend.submit(queries, options)
+        except UnavailableError as err:
+            self.metrics.rejects.labels("unavailable").inc()
+            raise ApiError(503, str(err), None, headers=self.retry_after) from None
         except InvalidRequestError as err:
             raise ApiError.from_message(422, str(err)) from None
         except RejectedError as err:
@@ -85,7 +94,7 @@ class KevService:
             raise ApiError(503, str(err) or "no channel became free in time", None, headers=self.retry_after) from None
         finally:
             self.registry.unreserve()
-        tracked = Tracked(request_id, bridge.watch(request_id, len(queries), listen), retained)
+        tracked = Tracked(request_id, backend.watch(request_id, len(queries), listen), retained)
         self.registry.add(tracked)
         self.metrics.requests.labels(api).inc()
         return tracked
@@ -102,19 +111,18 @@ class KevService:
         return tracked.is_done
 
     async def results(self, request_id: str) -> list[Result]:
-        bridge, engine = self.engine()
-        return await bridge.run(engine.results, request_id)
+        return await self.ready_backend().results(request_id)
 
     async def cancel(self, tracked: Tracked) -> None:
-        bridge, engine = self.engine()
+        backend = self.ready_backend()
         tracked.cancelled = not tracked.is_done
-        await bridge.run(engine.cancel, tracked.request_id)
+        await backend.cancel(tracked.request_id)
 
     def release(self, request_id: str) -> None:
         """The caller is done with it (answered, or gone): cancel what is left and forget it. Never awaits."""
         self.registry.remove(request_id)
-        if self.bridge is not None:
-            self.bridge.run_soon(self.bridge.engine.forget, request_id)
+        if self.backend is not None:
+            self.backend.forget(request_id)
 
     def sweep(self) -> None:
         for request_id in self.registry.expired():
@@ -133,10 +141,3 @@ async def _disconnected(http: HttpRequest) -> None:
     while (await http.receive())["type"] != "http.disconnect":
         pass
 
-
-def _cancel_all(engine: Engine) -> int:
-    """Every request the engine still runs, including ones whose caller already left."""
-    unfinished = [rid for rid, request in list(engine.requests.items()) if not request.done.is_set()]
-    for request_id in unfinished:
-        engine.cancel(request_id)
-    return len(unfinished)

@@ -150,13 +150,15 @@ class RefusingEngine:
 def test_engine_refusals_map_to_http(error: Exception, status: int, field: str | None, retry_after: str | None) -> None:
     import asyncio
 
+    from kev.server.bridge import EngineBridge
     from kev.server.service import KevService
 
     service = KevService(kev.load_config({}), ServerMetrics())
-    service.attach(RefusingEngine(error))  # type: ignore[arg-type]
+    bridge = EngineBridge(RefusingEngine(error), service.metrics, 4)  # type: ignore[arg-type]
+    service.attach(bridge)
     with pytest.raises(ApiError) as refused:
         asyncio.run(service.submit(["q"], {}, "query"))
-    service.bridge.close()  # type: ignore[union-attr]
+    bridge.pool.shutdown()
     assert (refused.value.status_code, refused.value.field) == (status, field)
     assert (refused.value.headers or {}).get("Retry-After") == retry_after
     assert service.registry.num_inflight == 0, "a refused submission gives its slot back"

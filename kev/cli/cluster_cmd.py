@@ -1,0 +1,55 @@
+"""kev cluster up: a whole distributed deployment on this machine, for trying it out.
+
+nats-server (from this venv), one aggregator, --workers workers and one router (`kev serve`,
+the same HTTP API as single mode). Ctrl-C or SIGTERM stops them all, in order, and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from kev.errors import KevError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True)
+    up = sub.add_parser("up", help="start nats-server, an aggregator, N workers and a router; Ctrl-C stops them")
+    up.add_argument("--config", help="kev.yaml for every role (deploy.mode/nats_url/workers are set for you)")
+    up.add_argument("--workers", type=int, default=2, help="inference workers (one model each)")
+    up.add_argument("--host", default="127.0.0.1", help="the router's address")
+    up.add_argument("--port", type=int, default=8765, help="the router's port")
+    up.add_argument("--nats-port", type=int, default=0, help="nats-server's port (default: a free one)")
+    up.add_argument("--threads", type=int, help="core.threads of each worker (CPU: cores / workers)")
+    up.add_argument("--workdir", help="config, logs and JetStream storage (default: a new temporary folder)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kev.distributed.cluster import LocalCluster
+
+    if args.workers < 1:
+        raise KevError("--workers: at least 1")
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="kev-cluster-"))
+    cluster = LocalCluster(args.config, args.workers, workdir, args.host, args.port, args.nats_port, args.threads)
+    stop = {"asked": False}
+
+    def ask_stop(*_: object) -> None:
+        stop["asked"] = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, ask_stop)
+    try:
+        cluster.up()
+        print(f"kev cluster: router {cluster.url}, {args.workers} worker(s), aggregator, NATS {cluster.nats.url}"  # type: ignore[union-attr]
+              f"\n  logs and config in {workdir}\n  Ctrl-C to stop", flush=True)
+        while not stop["asked"]:
+            for child in cluster.exited():
+                if child.name == "router":
+                    raise KevError(f"the router exited with {child.proc.returncode}; see {child.log_path}")
+            time.sleep(0.2)
+    finally:
+        codes = cluster.down()
+    print(f"kev cluster: stopped (exit codes {codes})", flush=True)
+    return 0

@@ -1,0 +1,115 @@
+"""LocalCluster: `kev cluster up`: nats-server, one aggregator, N workers and one router on this machine.
+
+Every child runs in its own session, so a Ctrl-C in the terminal reaches only the launcher,
+which then stops them in order: the router (no new work), the workers (they finish or hand
+back what they hold), the aggregator (it relays the last answers), NATS last.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kev.config import ConfigSource, load_config
+from kev.distributed.nats_server import NatsServer
+from kev.errors import KevError
+
+log = logging.getLogger("kev.distributed")
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass
+class LocalCluster:
+    config: ConfigSource
+    num_workers: int
+    workdir: Path
+    host: str = "127.0.0.1"
+    port: int = 8765
+    nats_port: int = 0
+    worker_threads: int | None = None
+    nats: NatsServer | None = None
+    children: list[Child] = field(default_factory=list)
+    _headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def up(self, timeout: float = 300.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.nats = NatsServer(self.workdir / "nats", self.nats_port).start()
+        config_path, api_key = self._write_config(self.nats.url)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        base = ["--config", str(config_path)]
+        self._spawn("aggregator", ["aggregator", *base])
+        threads = ["--threads", str(self.worker_threads)] if self.worker_threads else []
+        for i in range(self.num_workers):
+            self._spawn(f"worker{i}", ["worker", *base, "--partition", str(i), "--id", f"worker{i}", *threads])
+        self._spawn("router", ["serve", *base, "--host", self.host, "--port", str(self.port)])
+        self._wait_ready(timeout)
+
+    def _write_config(self, nats_url: str) -> tuple[Path, str | None]:
+        config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url, "workers": self.num_workers,
+                                                      "devices": []}})
+        path = self.workdir / "kev.yaml"
+        path.write_text(json.dumps({"kev": config.model_dump(mode="json", exclude_none=True)}, indent=1))  # JSON is YAML
+        return path, config.server.api_key
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log_path = self.workdir / f"{name}.log"
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", *args], stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self.children.append(Child(name, proc, log_path))
+
+    def _wait_ready(self, timeout: float) -> None:
+        """The router answers /readyz and every worker has sent a heartbeat."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if dead := self.exited():
+                raise KevError(f"{dead[0].name} exited with {dead[0].proc.returncode}; see {dead[0].log_path}")
+            try:
+                request = urllib.request.Request(f"{self.url}/v1/channels", headers=self._headers)
+                with urllib.request.urlopen(request, timeout=2) as response:  # 503 until the router is ready
+                    workers = {c.get("worker") for c in json.load(response)["channels"]}
+                if len(workers - {None}) >= self.num_workers:
+                    return
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            time.sleep(0.3)
+        raise KevError(f"cluster not ready after {timeout}s; logs in {self.workdir}")
+
+    def exited(self) -> list[Child]:
+        return [c for c in self.children if c.proc.poll() is not None]
+
+    def down(self, grace: float = 30.0) -> list[int]:
+        """Stop router, workers, aggregator (SIGTERM, then SIGKILL after `grace`), then NATS; their exit codes."""
+        order = (["router"], [c.name for c in self.children if c.name.startswith("worker")], ["aggregator"])
+        for names in order:
+            group = [c for c in self.children if c.name in names]
+            for child in group:
+                if child.proc.poll() is None:
+                    child.proc.send_signal(signal.SIGTERM)
+            for child in group:
+                try:
+                    child.proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    log.warning("%s did not stop within %ss; killing it", child.name, grace)
+                    child.proc.kill()
+                    child.proc.wait(10)
+        if self.nats is not None:
+            self.nats.stop()
+        return [c.proc.returncode for c in self.children]

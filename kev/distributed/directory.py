@@ -1,0 +1,55 @@
+"""WorkerDirectory: the workers heard from lately (their heartbeats), and which partitions are served.
+
+A worker is alive while its last heartbeat is younger than 5 heartbeat periods: on a busy
+machine a heartbeat can be late without the worker being gone, and a gone worker's
+questions come back by redelivery anyway.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kev.distributed.messages import MalformedMessage, WorkerStatus, decode
+from kev.engine.stats import EngineStats
+
+LIVE_PERIODS = 5
+
+
+@dataclass
+class WorkerDirectory:
+    heartbeat_s: float
+    workers: dict[str, tuple[float, WorkerStatus]] = field(default_factory=dict)  # id -> (time.monotonic(), status)
+
+    def on_status(self, data: bytes) -> None:
+        try:
+            status = decode(WorkerStatus, data)
+        except MalformedMessage:
+            return
+        self.workers[status.worker] = (time.monotonic(), status)
+
+    def live(self) -> list[WorkerStatus]:
+        horizon = time.monotonic() - LIVE_PERIODS * self.heartbeat_s
+        for worker in [w for w, (at, _) in self.workers.items() if at < horizon]:
+            del self.workers[worker]
+        return sorted((s for _, s in self.workers.values()), key=lambda s: s.worker)
+
+    def live_partitions(self) -> set[int] | None:
+        """Partitions a live worker pulls; None while no worker is heard from (then every partition
+        counts: questions wait in the stream for a worker, within the backlog limits)."""
+        return {s.partition for s in self.live()} or None
+
+    def totals(self) -> tuple[EngineStats, dict[str, int]]:
+        """The live workers' step counters and audit alert counts, added up (their steps stay on the workers)."""
+        stats, alerts = EngineStats(), {}
+        for s in self.live():
+            stats.num_steps += s.num_steps
+            stats.num_tokens_computed += s.num_tokens_computed
+            stats.num_tokens_generated += s.num_tokens_generated
+            for kind, n in s.alerts.items():
+                alerts[kind] = alerts.get(kind, 0) + n
+        return stats, alerts
+
+    def channel_states(self) -> list[dict[str, Any]]:
+        """Every live worker's channels; channel_id is the worker's own, `worker` says whose."""
+        return [{**channel, "worker": s.worker} for s in self.live() for channel in s.channels]

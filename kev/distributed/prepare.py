@@ -1,0 +1,73 @@
+"""The router's half of submit(): the same checks as the engine's, so a bad request fails at the edge
+(HTTP 422, or an error result for the one bad question) exactly as in single mode, and the
+features (length, semantic bucket, category) the placement routes on.
+
+The question travels as the caller gave it and the worker's engine parses it again: one code
+path makes the answer, and it is the single-mode one. A sampled question without a seed gets
+one here, so a redelivered question gives the same answer on any worker.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kev.aggregator.result import Result
+from kev.config import KevConfig
+from kev.engine.inputs import QuestionError, parse_question
+from kev.engine.submission import SubmitOptions, normalize_question, tokenize_question
+from kev.model.tokenizer import Tokenizer
+from kev.router.features import QuestionFeatures
+from kev.router.router import Router
+
+
+@dataclass
+class Prepared:
+    index: int
+    question: Any  # what goes on the queue
+    features: QuestionFeatures
+    priority: int
+    timeout_ms: int
+    original_text: str | None
+
+
+def validate_options(config: KevConfig, options: dict[str, Any]) -> SubmitOptions:
+    """Request-level checks of Engine.submit (InvalidRequestError naming the field)."""
+    sampling = {k: options.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")}
+    return SubmitOptions.validate(config, options.get("isolation"), options.get("max_parallel"), options.get("timeout_ms"),
+                                  options.get("system"), sampling)
+
+
+def prepare(queries: list[Any], request_id: str, submit: SubmitOptions, config: KevConfig, tokenizer: Tokenizer,
+            vocab_size: int, router: Router) -> tuple[list[Prepared], list[Result]]:
+    """Per question: a Prepared to publish, or an error result (as the engine would have made it)."""
+    prepared: list[Prepared] = []
+    errors: list[Result] = []
+    for index, raw in enumerate(queries):
+        try:
+            spec = parse_question(raw, index, submit.defaults)
+            normalized = normalize_question(spec, router.normalizer)
+            prompt_ids = tokenize_question(spec, tokenizer, index, config.core.max_context, vocab_size)
+        except QuestionError as err:
+            now = time.time()
+            errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
+                                 isolation=submit.isolation, original_text=raw if isinstance(raw, str) else None,
+                                 started_at=now, finished_at=now, strategy=router.strategy_name))
+            continue
+        text = (spec.original_text or "") if normalized is None else normalized
+        question = raw
+        if not spec.sampling.is_greedy and spec.sampling.seed is None:
+            question = with_seed(raw, secrets.randbits(62))
+        prepared.append(Prepared(index, question, router.describe(text, len(prompt_ids)), spec.priority,
+                                 spec.timeout_ms, spec.original_text))
+    return prepared, errors
+
+
+def with_seed(raw: Any, seed: int) -> dict[str, Any]:
+    """The same question as a dict with a seed: parse_question reads all three forms the same way."""
+    if isinstance(raw, str):
+        return {"text": raw, "seed": seed}
+    if isinstance(raw, list):
+        return {"messages": raw, "seed": seed}
+    return {**raw, "seed": seed}

@@ -1,0 +1,220 @@
+"""ReplicaEngine: deploy.mode multi_gpu: one engine replica per device (deploy.devices), in this process.
+
+It has the Engine's API, so `kev serve` and the library use it unchanged. A request's
+questions are placed on replicas by the router's strategy over replicas (placement.py; the
+breaker and spill read each replica's queue), each replica gets its share as one request
+and packs it into its own forwards; a drain thread per share maps the answers back to the
+caller's indexes. Replicas on the same device share one copy of the weights (read-only).
+Tensor parallelism (one model split over devices) is not implemented: core.tensor_parallel > 1
+is a config error.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kev.aggregator.ordering import order_results
+from kev.aggregator.result import Result
+from kev.config import KevConfig
+from kev.distributed.placement import PartitionPlacer
+from kev.engine.embedder import MeanEmbedder
+from kev.engine.engine import Engine
+from kev.engine.engine_setup import build_parts, load_model_and_tokenizer
+from kev.engine.request import Request, StreamEvent
+from kev.engine.stats import StepRecord
+from kev.errors import InvalidRequestError, UnknownRequestError
+from kev.router.features import QuestionFeatures
+
+
+@dataclass
+class Share:
+    """The part of a request one replica runs: its request there, and which caller index each of its questions is."""
+
+    replica: int
+    request_id: str
+    indexes: list[int]
+
+
+class ReplicaStats:
+    """The replicas' EngineStats and audit alert counts, added up (what /v1/stats and /metrics read)."""
+
+    def __init__(self, replicas: list[Engine]) -> None:
+        self.replicas = replicas
+
+    @property
+    def recent(self) -> list[StepRecord]:
+        return sorted((r for e in self.replicas for r in list(e.stats.recent)), key=lambda r: r.at)
+
+    @property
+    def num_steps(self) -> int:
+        return sum(e.stats.num_steps for e in self.replicas)
+
+    @property
+    def num_tokens_computed(self) -> int:
+        return sum(e.stats.num_tokens_computed for e in self.replicas)
+
+    @property
+    def num_tokens_generated(self) -> int:
+        return sum(e.stats.num_tokens_generated for e in self.replicas)
+
+    @property
+    def alert_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self.replicas:
+            for kind, n in e.audit.alert_counts.items():
+                counts[kind] = counts.get(kind, 0) + n
+        return counts
+
+
+class ReplicaEngine:
+    def __init__(self, config: KevConfig) -> None:
+        self.config = config
+        self.devices = list(config.deploy.devices)
+        self.replicas: list[Engine] = []
+        loaded: dict[str, Any] = {}  # device -> (model, tokenizer): one copy of the weights per device
+        for device in self.devices:
+            replica_config = config.model_copy(update={"core": config.core.model_copy(update={"device": device})})
+            if device not in loaded:
+                loaded[device] = load_model_and_tokenizer(replica_config)
+            model, tokenizer = loaded[device]
+            self.replicas.append(Engine(replica_config, build_parts(replica_config, model, tokenizer)))
+        first = self.replicas[0]
+        self.tokenizer = first.tokenizer
+        encoder = MeanEmbedder(first.runner.model.embed_tokens.weight, first.tokenizer)
+        self.placer = PartitionPlacer.build(config.router, len(self.replicas), encoder)
+        self.requests: dict[str, Request] = {}  # the caller's view, fed by the drain threads
+        self.shares: dict[str, list[Share]] = {}
+        self.stats = self.audit = ReplicaStats(self.replicas)  # the Engine's two counter objects, added up
+        self._lock = threading.Lock()  # placement reads and bumps the replicas' loads; delivery adds results
+
+    # --- the Engine API ------------------------------------------------------------
+    def submit(self, queries: list[Any], **options: Any) -> str:
+        if not isinstance(queries, (list, tuple)) or not queries:
+            raise InvalidRequestError("queries: must be a non-empty list")
+        by_replica = self._place(list(queries))
+        request_id = uuid.uuid4().hex[:16]
+        shares: list[Share] = []
+        try:
+            for replica, indexes in by_replica.items():
+                sub_id = self.replicas[replica].submit([queries[i] for i in indexes], **options)
+                shares.append(Share(replica, sub_id, indexes))
+        except BaseException:
+            for share in shares:
+                self.replicas[share.replica].forget(share.request_id)
+            raise
+        isolation = self.replicas[shares[0].replica].requests[shares[0].request_id].isolation
+        request = self.requests[request_id] = Request(request_id, len(queries), isolation)
+        self.shares[request_id] = shares
+        for share in shares:
+            threading.Thread(target=self._drain, args=(request, share), name=f"kev-replica-{request_id}", daemon=True).start()
+        return request_id
+
+    def _place(self, queries: list[Any]) -> dict[int, list[int]]:
+        """Replica per question: the strategy's pick, the breaker's spill; the least loaded when none has room
+        (that replica's own overflow_policy then decides, as in single mode)."""
+        with self._lock:
+            engines = self.replicas
+            self.placer.loads.update([e.queue_length() for e in engines], [len(e.scheduler.running) for e in engines], 0)
+            by_replica: dict[int, list[int]] = {}
+            for index, raw in enumerate(queries):
+                placement = self.placer.place(self._features(raw))
+                replica = placement.channel_id if placement else min(range(len(engines)), key=self.placer.loads.load)
+                if placement is None:
+                    self.placer.loads.count(replica, 1)
+                by_replica.setdefault(replica, []).append(index)
+            return by_replica
+
+    def _features(self, raw: Any) -> QuestionFeatures:
+        """What placement routes on: the question's (normalized) text and its length in tokens (no chat template)."""
+        text = _text_of(raw)
+        if not (isinstance(raw, dict) and "prompt" in raw):
+            text = self.placer.router.normalizer.normalize(text)
+        return self.placer.router.describe(text, len(self.tokenizer.encode(text)))
+
+    def _drain(self, request: Request, share: Share) -> None:
+        for event in self.replicas[share.replica].stream(share.request_id):
+            if event.result is None:
+                request.events.put(StreamEvent(share.indexes[event.index], event.channel_id, event.text, event.token_ids))
+            else:
+                self._deliver(request, share, event.result)
+
+    def _deliver(self, request: Request, share: Share, result: Result) -> None:
+        with self._lock:
+            index = share.indexes[result.index]
+            if index in request.results:
+                return
+            # A copy: the replica's own request keeps its result (and the drain thread may see the same object).
+            request.add_result(replace(result, request_id=request.request_id, index=index,
+                                       worker=f"replica{share.replica}:{self.devices[share.replica]}"))
+
+    def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
+        request = self._request(request_id)
+        if not request.done.wait(timeout):
+            raise TimeoutError(f"request {request_id}: {len(request.results)}/{request.num_questions} results after {timeout}s")
+        return self.results(request_id)
+
+    def results(self, request_id: str) -> list[Result]:
+        request = self._request(request_id)
+        priorities: dict[int, int] = {}
+        for share in self.shares.get(request_id, []):
+            part = self.replicas[share.replica].requests.get(share.request_id)
+            priorities |= {share.indexes[i]: q.priority for i, q in (part.questions.items() if part else [])}
+        return order_results(list(request.results.values()), self.config.aggregator.mode, priorities)
+
+    def stream(self, request_id: str, timeout: float | None = None) -> Iterator[StreamEvent]:
+        request = self._request(request_id)
+        finished = 0
+        while finished < request.num_questions:
+            event = request.events.get(timeout=timeout)
+            finished += event.finished
+            yield event
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel every share; their cancelled results are in before this returns, as with one engine."""
+        request = self._request(request_id)
+        for share in self.shares.get(request_id, []):
+            replica = self.replicas[share.replica]
+            replica.cancel(share.request_id)
+            for result in replica.results(share.request_id):
+                self._deliver(request, share, result)
+
+    def forget(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+        for share in self.shares.pop(request_id, []):
+            self.replicas[share.replica].forget(share.request_id)
+
+    def generate(self, queries: list[Any], timeout: float | None = None, **options: Any) -> list[Result]:
+        return self.wait(self.submit(queries, **options), timeout)
+
+    def channel_states(self) -> list[dict[str, Any]]:
+        return [{**state, "worker": f"replica{i}:{self.devices[i]}"}
+                for i, replica in enumerate(self.replicas) for state in replica.channel_states()]
+
+    def queue_length(self) -> int:
+        return sum(replica.queue_length() for replica in self.replicas)
+
+    @property
+    def num_steps(self) -> int:
+        return sum(replica.num_steps for replica in self.replicas)
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            replica.close()
+
+    def _request(self, request_id: str) -> Request:
+        request = self.requests.get(request_id)
+        if request is None:
+            raise UnknownRequestError(f"request_id {request_id!r} is unknown")
+        return request
+
+
+def _text_of(raw: Any) -> str:
+    if isinstance(raw, dict):
+        raw = raw.get("text") or raw.get("prompt") or raw.get("messages") or ""
+    if isinstance(raw, list):
+        last = raw[-1] if raw else {}
+        raw = last.get("content", "") if isinstance(last, dict) else ""
+    return raw if isinstance(raw, str) else ""

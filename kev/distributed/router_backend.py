@@ -1,0 +1,260 @@
+"""DistributedBackend: `kev serve` in deploy.mode distributed: the HTTP edge and router of a cluster.
+
+submit() checks the request as an engine would, routes each question to a work partition
+(kev/distributed/placement.py), applies overflow_policy against the stream's backlog, writes
+the request record (deadlines) to the requests bucket, then publishes one WorkItem per
+question and returns. Answers and deltas come back from the aggregator on {p}.out.<router_id>.
+While NATS is unreachable, new work gets a 503 (UnavailableError) and the connection
+recovers by itself; answers missed meanwhile are read back from the answers bucket.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from kev.aggregator.result import Result
+from kev.config import KevConfig
+from kev.distributed.answers import claim, read_answer
+from kev.distributed.connection import Link
+from kev.distributed.directory import WorkerDirectory
+from kev.distributed.messages import (MalformedMessage, OutMessage, QuestionRecord, RequestRecord, WorkItem, decode,
+                                      result_from_dict)
+from kev.distributed.placement import PartitionPlacer
+from kev.distributed.prepare import Prepared, prepare, validate_options
+from kev.distributed.router_link import RouterLink
+from kev.distributed.router_requests import OpenRequest
+from kev.distributed.router_encoder import load_router_model
+from kev.engine.stats import EngineStats
+from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError, UnknownRequestError
+from kev.router.router import Placement
+from kev.server.metrics import ServerMetrics
+from kev.server.watch import Watch
+
+log = logging.getLogger("kev.distributed")
+GRACE_S = 2.0  # a worker's own timeout result gets this long to arrive before the aggregator's placeholder
+
+
+class DistributedBackend:
+    def __init__(self, config: KevConfig, metrics: ServerMetrics) -> None:
+        self.config, self.metrics = config, metrics
+        model = load_router_model(config)  # the loader thread: tokenizer + embedding table
+        self.tokenizer, self.vocab_size = model.tokenizer, model.vocab_size
+        self.placer = PartitionPlacer.build(config.router, config.deploy.num_partitions, model.encoder)
+        self.directory = WorkerDirectory(config.deploy.heartbeat_s)
+        self.router_id = "r" + uuid.uuid4().hex[:12]
+        self.requests: dict[str, OpenRequest] = {}
+        self.link = RouterLink(config.deploy, self.router_id, self.placer.loads, self.directory, metrics.registry,
+                               self._on_out, self._reconcile)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def unavailable(self) -> str | None:
+        return self.link.unavailable
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._spawn(self.link.run())
+
+    # --- submit --------------------------------------------------------------------
+    async def submit(self, queries: list[Any], options: dict[str, Any]) -> str:
+        # Shielded: once questions are on the queue, a caller who hangs up gets its request forgotten, not orphaned.
+        task = asyncio.ensure_future(self._submit(queries, options))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: None if t.cancelled() or t.exception() else self.forget(t.result()))
+            raise
+
+    async def _submit(self, queries: list[Any], options: dict[str, Any]) -> str:
+        if (why := self.unavailable) is not None:
+            raise UnavailableError(why)
+        submit = validate_options(self.config, options)
+        if not isinstance(queries, (list, tuple)) or not queries:
+            raise InvalidRequestError("queries: must be a non-empty list")
+        request_id = uuid.uuid4().hex[:16]
+        prepared, errors = prepare(list(queries), request_id, submit, self.config, self.tokenizer, self.vocab_size,
+                                   self.placer.router)
+        placements = await self._place(prepared)
+        request = OpenRequest(request_id, len(queries), self.config.aggregator.mode, submit.isolation,
+                              {p.index for p in prepared}, {p.index: p.priority for p in prepared},
+                              {p.index: p.original_text for p in prepared})
+        self.requests[request_id] = request  # before publishing: an answer may come back at once
+        try:
+            await self._publish(request, options, prepared, placements)
+        except Exception as err:
+            self.placer.unplace([p.channel_id if p else None for p in placements])
+            del self.requests[request_id]
+            self._spawn(self.link.withdraw(request_id))
+            raise UnavailableError(f"NATS did not take the questions ({type(err).__name__}: {err}); retry") from None
+        for result in errors:
+            self._accept(request, result, -1)
+        return request_id
+
+    async def _place(self, prepared: list[Prepared]) -> list[Placement | None]:
+        placements: list[Placement | None] = []
+        try:
+            for p in prepared:
+                placements.append(await self._place_one(p))
+        except BaseException:
+            self.placer.unplace([p.channel_id if p else None for p in placements])
+            raise
+        return placements
+
+    async def _place_one(self, p: Prepared) -> Placement | None:
+        """A partition, or None for the overflow queue; raises as Engine.submit's overflow does."""
+        policy = self.config.router.overflow_policy
+        deadline = time.monotonic() + p.timeout_ms / 1000
+        while (placement := self.placer.place(p.features)) is None:
+            if policy == "queue":
+                if self.placer.defer():
+                    return None
+                raise RejectedError(f"overflow queue full (router.max_queue={self.placer.max_queue}); {self._load()}")
+            if policy == "reject":
+                raise RejectedError(f"no worker partition can take question {p.index} (overflow_policy=reject); {self._load()}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise OverflowTimeoutError(f"no worker partition could take question {p.index} within its timeout_ms "
+                                           f"({p.timeout_ms}, overflow_policy=wait); {self._load()}")
+            await self.link.next_poll(min(remaining, 1.0))
+        return placement
+
+    def _load(self) -> str:
+        loads = self.placer.loads
+        return (f"{len(loads.waiting)} partitions: waiting {loads.waiting} (room {loads.room} each = "
+                f"router.channel_pool_size x router.channel_queue_depth), pulled {loads.running}, "
+                f"{loads.overflow} in the overflow queue")
+
+    async def _publish(self, request: OpenRequest, options: dict[str, Any], prepared: list[Prepared],
+                       placements: list[Placement | None]) -> None:
+        if not prepared:
+            return
+        now, deploy, topology, request_id = time.time(), self.config.deploy, self.link.topology, request.request_id
+        expires = {p.index: now + (deploy.queue_timeout_ms + p.timeout_ms) / 1000 + GRACE_S for p in prepared}
+        record = RequestRecord(request_id=request_id, reply=self.router_id, num_questions=request.num_questions,
+                               isolation=request.isolation, strategy=self.placer.router.strategy_name, questions=[
+                                   QuestionRecord(index=p.index, expires_at=expires[p.index], original_text=p.original_text,
+                                                  hash_bucket=p.features.bucket, category=p.features.category)
+                                   for p in prepared])
+        await self.link.put_record(request_id, record)
+        items = [(topology.partition_subject(pl.channel_id) if pl else topology.overflow_subject,
+                  WorkItem(request_id=request_id, index=p.index, question=p.question, options=options, reply=self.router_id,
+                           strategy=self.placer.router.strategy_name, rerouted=bool(pl and pl.rerouted),
+                           submitted_at=now, expires_at=expires[p.index]))
+                 for p, pl in zip(prepared, placements)]
+        await asyncio.gather(*(self._publish_one(subject, item, pl) for (subject, item), pl in zip(items, placements)))
+
+    async def _publish_one(self, subject: str, item: WorkItem, placement: Placement | None) -> None:
+        await self.link.publish_work(subject, item)
+        self.placer.loads.published(placement.channel_id if placement else None)
+
+    # --- answers -------------------------------------------------------------------
+    async def _on_out(self, msg: Msg) -> None:
+        try:
+            out = decode(OutMessage, msg.data)
+        except MalformedMessage as err:
+            log.warning("router %s: dropped a message from the aggregator: %s", self.router_id, err)
+            return
+        if out.kind == "answer" and out.answer is not None:
+            request = self.requests.get(str(out.answer.result.get("request_id")))
+            if request is not None:
+                self._accept(request, result_from_dict(out.answer.result), out.answer.seq)
+        elif out.kind == "delta" and out.delta is not None and (request := self.requests.get(out.delta.request_id)):
+            request.add_delta(out.delta)
+
+    def _accept(self, request: OpenRequest, result: Result, seq: int) -> None:
+        if request.add_result(result, seq):
+            self.metrics.observe_result(result)
+            if request.is_done and request.published:
+                self._spawn(self.link.drop_record(request.request_id))
+
+    async def _reconcile(self, min_age_s: float) -> None:
+        """Read back answers this router missed (it was disconnected when they were relayed)."""
+        now = time.monotonic()
+        for request in [r for r in self.requests.values() if not r.is_done and now - r.created >= min_age_s]:
+            for index in request.missing():
+                found = await read_answer(self.link.answers, request.request_id, index)
+                if found is not None:
+                    self._accept(request, found[1], found[0])
+
+    # --- the rest of the Backend ------------------------------------------------------
+    def watch(self, request_id: str, num_questions: int, listen: bool) -> Watch:
+        watch = Watch(request_id, num_questions, asyncio.get_running_loop(), events=asyncio.Queue() if listen else None)
+        self._request(request_id).attach(watch)
+        return watch
+
+    async def results(self, request_id: str) -> list[Result]:
+        return self._request(request_id).ordered()
+
+    async def cancel(self, request_id: str) -> None:
+        """Unfinished questions get a cancelled answer (partial text kept); the workers are told to stop."""
+        request = self._request(request_id)
+        missing = request.missing()
+        if not missing:
+            return
+        await self.link.broadcast_cancel(request_id)
+        for index in missing:
+            text, ids, channel = request.partial_answer(index)
+            result = Result(request_id, index, text=text, token_ids=ids, completion_tokens=len(ids), channel_id=channel,
+                            finished_at=time.time(), finish_reason="cancelled", status="cancelled",
+                            isolation=request.isolation, strategy=self.placer.router.strategy_name,
+                            original_text=request.originals.get(index))
+            seq, winner = await claim(self.link.answers if self.link.is_connected else None, result)
+            self._accept(request, winner, seq)
+
+    def forget(self, request_id: str) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._spawn, self._forget(request_id))
+
+    async def _forget(self, request_id: str) -> None:
+        if request_id not in self.requests:
+            return
+        await self.cancel(request_id)
+        self.requests.pop(request_id, None)
+        await self.link.drop_record(request_id)
+
+    async def channels(self) -> tuple[list[dict[str, Any]], int]:
+        return self.directory.channel_states(), self.placer.loads.total_waiting
+
+    async def stats(self) -> EngineStats:
+        return self.directory.totals()[0]
+
+    async def refresh_metrics(self) -> None:
+        states, waiting = await self.channels()
+        self.link.gauges.set(self.placer.loads, len(self.directory.live()), self.link.is_connected)
+        # Steps happen on the workers (their audit logs have them); the alert counts come with their heartbeats.
+        self.metrics.refresh([], states, waiting, self.directory.totals()[1])
+
+    async def shutdown(self) -> int:
+        unfinished = [rid for rid, r in self.requests.items() if not r.is_done]
+        for request_id in unfinished:
+            try:
+                await asyncio.wait_for(self.cancel(request_id), 5)
+            except Exception as err:
+                log.warning("shutdown: cancelling %s: %s", request_id, err)
+        await self.link.close()
+        for task in list(self._tasks):
+            task.cancel()
+        return len(unfinished)
+
+    def _request(self, request_id: str) -> OpenRequest:
+        request = self.requests.get(request_id)
+        if request is None:
+            raise UnknownRequestError(f"request_id {request_id!r} is unknown")
+        return request
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("router %s: background task failed: %r", self.router_id, task.exception())

@@ -1,0 +1,145 @@
+"""RouterLink: the router's NATS side: connect (and keep trying), listen, poll the backlog, publish.
+
+Every POLL_S it reads the work consumers' counts (waiting, pulled) into the placement's
+loads and the live partitions from the worker heartbeats. After a reconnect, and every
+RECONCILE_S, it asks the backend to read back answers it may have missed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
+from prometheus_client import CollectorRegistry
+
+from kev.config.deploy_config import DeployConfig
+from kev.distributed.connection import Link, connect_forever, topology_of
+from kev.distributed.directory import WorkerDirectory
+from kev.distributed.messages import RequestRecord, WorkItem
+from kev.distributed.placement import PartitionLoads
+from kev.distributed.router_metrics import ClusterGauges
+
+log = logging.getLogger("kev.distributed")
+POLL_S = 0.25
+RECONCILE_S = 5.0
+
+
+class RouterLink:
+    def __init__(self, deploy: DeployConfig, router_id: str, loads: PartitionLoads, directory: WorkerDirectory,
+                 registry: CollectorRegistry, on_out: Callable[[Msg], Awaitable[None]],
+                 reconcile: Callable[[float], Awaitable[None]]) -> None:
+        self.deploy, self.router_id, self.loads, self.directory = deploy, router_id, loads, directory
+        self.topology = topology_of(deploy)
+        self.gauges = ClusterGauges(registry)
+        self._on_out, self._reconcile = on_out, reconcile
+        self.link: Link | None = None
+        self._stopping = asyncio.Event()
+        self._polled = asyncio.Event()  # replaced after each poll; `wait` submitters sleep on it
+        self._reconcile_at = 0.0
+
+    @property
+    def is_connected(self) -> bool:
+        return self.link is not None and self.link.is_connected
+
+    @property
+    def unavailable(self) -> str | None:
+        if self.link is None:
+            return f"not connected to NATS ({self.deploy.nats_url}) yet"
+        if not self.link.is_connected:
+            return f"NATS ({self.deploy.nats_url}) is unreachable; new work is refused until it is back"
+        return None
+
+    @property
+    def answers(self) -> KeyValue | None:
+        return self.link.answers if self.link is not None else None
+
+    async def run(self) -> None:
+        link = await connect_forever(self.deploy, f"kev-router-{self.router_id}", self._stopping,
+                                     on_reconnect=self._after_reconnect)
+        if link is None:
+            return
+        await link.nc.subscribe(self.topology.out_subject(self.router_id), cb=self._on_out)
+        await link.nc.subscribe(self.topology.status_subject("*"), cb=self._on_status)
+        self.link = link
+        log.info("router %s: connected to NATS at %s", self.router_id, self.deploy.nats_url)
+        while not self._stopping.is_set():
+            if link.is_connected:
+                await self._poll(link)
+                if time.monotonic() >= self._reconcile_at:
+                    self._reconcile_at = time.monotonic() + RECONCILE_S
+                    await self._guarded(self._reconcile(1.0))
+            try:
+                await asyncio.wait_for(self._stopping.wait(), POLL_S)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _on_status(self, msg: Msg) -> None:
+        self.directory.on_status(msg.data)
+
+    async def _after_reconnect(self) -> None:
+        self._reconcile_at = 0.0  # answers relayed while we were away are in the bucket
+
+    async def _poll(self, link: Link) -> None:
+        consumers = self.topology.work_consumers()
+        since = self.loads.snapshot()
+        try:
+            infos = await asyncio.gather(*(link.js.consumer_info(self.topology.work_stream, durable)
+                                           for durable, _ in consumers))
+        except Exception as err:  # NATS went away mid-poll: keep the last counts
+            log.debug("router %s: backlog poll failed: %s", self.router_id, err)
+            return
+        self.loads.update([i.num_pending or 0 for i in infos[:-1]], [i.num_ack_pending or 0 for i in infos[:-1]],
+                          infos[-1].num_pending or 0, since)
+        self.loads.live = self.directory.live_partitions()
+        polled, self._polled = self._polled, asyncio.Event()
+        polled.set()
+
+    async def next_poll(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._polled.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    # --- what the backend sends ------------------------------------------------------
+    async def put_record(self, request_id: str, record: RequestRecord) -> None:
+        assert self.link is not None
+        await self.link.requests.put(request_id, record.encode())
+
+    async def publish_work(self, subject: str, item: WorkItem) -> None:
+        assert self.link is not None
+        # The message id makes a repeated publish (a retry) a no-op within the stream's duplicate window.
+        await self.link.js.publish(subject, item.encode(), headers={"Nats-Msg-Id": f"{item.request_id}.{item.index}"})
+
+    async def broadcast_cancel(self, request_id: str) -> None:
+        if self.is_connected:
+            await self._guarded(self.link.nc.publish(self.topology.cancel_subject,  # type: ignore[union-attr]
+                                                     json.dumps({"request_id": request_id}).encode()))
+
+    async def drop_record(self, request_id: str) -> None:
+        """The request is over: the aggregator stops watching its deadlines."""
+        if self.is_connected:
+            await self._guarded(self.link.requests.delete(request_id))  # type: ignore[union-attr]
+
+    async def withdraw(self, request_id: str) -> None:
+        """A request that failed half-way through publishing: whatever got out is cancelled."""
+        await self.broadcast_cancel(request_id)
+        await self.drop_record(request_id)
+
+    async def close(self) -> None:
+        self._stopping.set()
+        if self.link is not None:
+            try:
+                await asyncio.wait_for(self.link.nc.flush(), 2)
+            except Exception as err:
+                log.debug("router %s: final flush: %s", self.router_id, err)
+            await self.link.nc.close()
+
+    async def _guarded(self, awaitable: Awaitable[object]) -> None:
+        try:
+            await awaitable
+        except Exception as err:
+            log.warning("router %s: %s", self.router_id, err)

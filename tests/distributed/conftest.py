@@ -1,0 +1,55 @@
+"""Fixtures for the cluster tests: a single-mode `kev serve` (the reference every answer must equal) and a
+shared cluster (nats-server, aggregator, two workers, a router) used by the modules that do not break it."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.distributed.cluster_harness import BASE, Cluster
+from harness import ServerProcess
+
+# The reference runs the same numerics as the workers (same core settings), in single mode.
+SINGLE = {"router": {"strategy": "consistent_hash", "default_max_tokens": 8}, "aggregator": {"timeout_ms": 120_000},
+          "core": {"threads": 1}}
+
+
+@pytest.fixture(scope="session")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    server = ServerProcess(SINGLE, tmp_path_factory.mktemp("kev-single")).start(timeout=180)
+    with httpx.Client(base_url=server.url, timeout=300) as client:
+        yield client
+    server.terminate()
+
+
+@pytest.fixture(scope="session")
+def reference(single: httpx.Client) -> Callable[..., list[dict[str, Any]]]:
+    """reference(queries, **options): the single-mode results (one request, so one packed run)."""
+
+    def answer(queries: list[Any], **options: Any) -> list[dict[str, Any]]:
+        response = single.post("/v1/query", json={"queries": queries, **options})
+        assert response.status_code == 200, response.text
+        return response.json()["results"]
+
+    return answer
+
+
+@pytest.fixture(scope="session")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path_factory.mktemp("kev-cluster"), dict(BASE)).start_nats()
+    try:
+        cluster.start_aggregator()
+        cluster.start_worker(0)
+        cluster.start_worker(1)
+        router = cluster.start_router()
+        with httpx.Client(base_url=router.url, timeout=300) as client:
+            cluster.wait_workers(client, {"worker0", "worker1"})
+        yield cluster
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        codes = cluster.stop()
+    assert all(code == 0 for code in codes.values()), f"a role did not stop cleanly: {codes}\n{cluster.logs()}"

@@ -1,0 +1,112 @@
+"""Nothing is lost when a node dies: a SIGKILLed worker, a restarted aggregator, NATS stopped for a while,
+no worker at all (the aggregator's deadline placeholder). Each answer still equals its single-mode answer."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.distributed.cluster_harness import BASE, Cluster
+from tests.distributed.test_cluster_e2e import same_as_single, wait_until
+from harness import metric
+
+pytestmark = pytest.mark.service
+
+QUESTIONS = [f"Tell me a fact about the number {i}." for i in range(16)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path_factory.mktemp("kev-faults"), dict(BASE)).start_nats()
+    try:
+        cluster.start_aggregator()
+        cluster.start_worker(0)
+        cluster.start_worker(1)
+        router = cluster.start_router()
+        with httpx.Client(base_url=router.url, timeout=300) as client:
+            cluster.wait_workers(client, {"worker0", "worker1"})
+        yield cluster
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        codes = cluster.stop()
+    assert all(code == 0 for code in codes.values()), (codes, cluster.logs())
+
+
+@pytest.fixture(scope="module")
+def client(cluster: Cluster) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster.routers["router"].url, timeout=300) as client:
+        yield client
+
+
+def held_by(client: httpx.Client, worker: str, request_id: str) -> set[int]:
+    return {c["index"] for c in client.get("/v1/channels").json()["channels"]
+            if c["worker"] == worker and c["request_id"] == request_id and c["state"] != "idle"}
+
+
+def backlog(client: httpx.Client) -> float:
+    """Questions on the queue or pulled and not yet acked (acked = answer published), as the router sees them."""
+    text = client.get("/metrics").text
+    return sum(metric(text, name) for name in ("kev_partition_waiting", "kev_partition_running", "kev_overflow_waiting"))
+
+
+def test_a_killed_workers_questions_are_answered_once_by_the_others(cluster: Cluster, client: httpx.Client,
+                                                                   reference: Callable[..., list]) -> None:
+    body = {"queries": QUESTIONS, "max_tokens": 24}
+    expected = reference(**body)
+    accepted = client.post("/v1/requests", json=body).json()
+    held = wait_until(lambda: held_by(client, "worker1", accepted["request_id"]), 120)
+    cluster.roles["worker1"].kill()  # SIGKILL by pid, mid-answer
+    status = wait_until(lambda: (s := client.get(accepted["location"]).json())["status"] == "done" and s, 180)
+    results = status["results"]
+    assert sorted(r["index"] for r in results) == list(range(16)), "every question answered, once"
+    same_as_single(results, expected)
+    assert any(results[i]["worker"] == "worker0" for i in held), f"worker1 held {held}; nobody took them over"
+    cluster.start_worker(1)
+    cluster.wait_workers(client, {"worker0", "worker1"})
+
+
+def test_answers_wait_in_jetstream_while_the_aggregator_restarts(cluster: Cluster, client: httpx.Client,
+                                                                reference: Callable[..., list]) -> None:
+    body = {"queries": QUESTIONS[:8], "max_tokens": 4}
+    expected = reference(**body)
+    cluster.roles["aggregator"].kill()
+    accepted = client.post("/v1/requests", json=body).json()
+    time.sleep(1.0)
+    wait_until(lambda: backlog(client) == 0 and (time.sleep(0.6) or backlog(client) == 0), 120)
+    assert client.get(accepted["location"]).json()["num_finished"] == 0, "answers wait for an aggregator"
+    cluster.start_aggregator()
+    status = wait_until(lambda: (s := client.get(accepted["location"]).json())["status"] == "done" and s, 120)
+    same_as_single(status["results"], expected)
+
+
+def test_nats_down_is_503_for_new_work_and_the_router_recovers(cluster: Cluster, client: httpx.Client,
+                                                               reference: Callable[..., list]) -> None:
+    router = cluster.routers["router"]
+    body = {"queries": ["Say hi.", "Name a colour."], "max_tokens": 4}
+    cluster.nats.stop()  # type: ignore[union-attr]
+    refused = wait_until(lambda: (r := client.post("/v1/query", json=body)).status_code == 503 and r, 30)
+    assert refused.json()["error"]["type"] == "service_unavailable" and "Retry-After" in refused.headers
+    assert "NATS" in refused.json()["error"]["message"]
+    assert client.get("/readyz").status_code == 503
+    time.sleep(1.0)  # "briefly"
+    cluster.start_nats()  # same port, same storage
+    answered = wait_until(lambda: (r := client.post("/v1/query", json=body)).status_code == 200 and r, 120)
+    same_as_single(answered.json()["results"], reference(**body))
+    assert router.proc.poll() is None and client.get("/readyz").status_code == 200, "recovered without a restart"
+
+
+def test_a_question_nobody_answers_gets_the_aggregators_placeholder(cluster: Cluster) -> None:
+    for name in ("worker0", "worker1"):
+        assert cluster.roles[name].terminate() == 0, cluster.roles[name].log()[-2000:]
+    impatient = cluster.start_router("impatient", {"deploy": {"queue_timeout_ms": 500}})
+    with httpx.Client(base_url=impatient.url, timeout=120) as client:
+        started = time.monotonic()
+        results = client.post("/v1/query", json={"queries": ["Anyone there?"], "timeout_ms": 500}).json()["results"]
+    assert results[0]["status"] == "timeout" and results[0]["finish_reason"] == "timeout"
+    assert "deadline" in results[0]["error"] and results[0]["worker"] is None
+    assert time.monotonic() - started < 60

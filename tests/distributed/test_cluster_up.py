@@ -1,0 +1,46 @@
+"""`kev cluster up`: nats-server, aggregator, a worker and a router from one command; SIGINT stops them all, exit 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from kev.distributed.nats_server import free_port
+from tests.distributed.cluster_harness import REPO
+
+pytestmark = pytest.mark.service
+
+
+def test_cluster_up_answers_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    config = tmp_path / "kev.json"
+    config.write_text(json.dumps({"kev": {"router": {"default_max_tokens": 4}}}))
+    port = free_port()
+    log = (tmp_path / "launcher.log").open("wb")
+    launcher = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "cluster", "up", "--workers", "1", "--port",
+                                 str(port), "--threads", "1", "--config", str(config), "--workdir", str(tmp_path / "run")],
+                                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while "Ctrl-C to stop" not in (tmp_path / "launcher.log").read_text() and time.monotonic() < deadline:
+            assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()
+            time.sleep(0.3)
+        children = psutil.Process(launcher.pid).children()
+        names = sorted(c.name() if c.name() == "nats-server" else c.cmdline()[3] for c in children)
+        assert names == ["aggregator", "nats-server", "serve", "worker"], names
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/query", json={"queries": ["Say hi."]}, timeout=120)
+        assert response.status_code == 200 and response.json()["results"][0]["status"] == "ok"
+        launcher.send_signal(signal.SIGINT)
+        assert launcher.wait(120) == 0, (tmp_path / "launcher.log").read_text()
+        assert "exit codes [0, 0, 0]" in (tmp_path / "launcher.log").read_text()
+        assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

@@ -1,0 +1,127 @@
+"""The cluster's pieces without a cluster: messages, replay cutting, placement over partitions, the router's request."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+import kev
+from kev.aggregator.result import Result
+from kev.distributed.messages import DeltaMessage, MalformedMessage, WorkItem, decode
+from kev.distributed.placement import PartitionPlacer
+from kev.distributed.relay import StreamPosition
+from kev.distributed.router_requests import OpenRequest
+from kev.distributed.subjects import Topology
+from kev.router.features import QuestionFeatures
+from kev.server.watch import Watch
+
+
+def item(**changes: object) -> WorkItem:
+    fields = {"request_id": "r1", "index": 0, "question": "hi", "reply": "router1", "submitted_at": 1.0, "expires_at": 2.0}
+    return WorkItem(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_work_items_round_trip_and_bad_ones_say_why() -> None:
+    original = item(question=[{"role": "user", "content": "你好"}], options={"max_tokens": 4, "stop": ["\n"]})
+    assert decode(WorkItem, original.encode()) == original
+    with pytest.raises(MalformedMessage, match="not a valid WorkItem: .*JSON"):
+        decode(WorkItem, b"{not json")
+    with pytest.raises(MalformedMessage, match="reply: Field required"):
+        decode(WorkItem, item().model_copy(update={}).encode().replace(b'"reply":"router1",', b""))
+    with pytest.raises(MalformedMessage, match="request_id"):
+        decode(WorkItem, item().encode().replace(b'"r1"', b'"r.1"'))  # would be two subject tokens
+    with pytest.raises(MalformedMessage, match="not UTF-8|JSON"):
+        decode(WorkItem, b"\xff\xfe")
+
+
+def test_a_replayed_stream_is_cut_and_a_gap_is_dropped() -> None:
+    position = StreamPosition()
+    assert position.extend(0, "Hel", 0, [1, 2]) == ("Hel", [1, 2])
+    assert position.extend(0, "Hello", 0, [1, 2, 3]) == ("lo", [3]), "a redelivered attempt replays from 0"
+    assert position.extend(3, "lo", 2, [3]) is None, "nothing new"
+    assert position.extend(9, "x", 7, [9]) is None, "a gap: the final answer fills it"
+    assert (position.chars, position.tokens) == (5, 3)
+
+
+def placer(strategy: str = "consistent_hash", partitions: int = 3, **router: object) -> PartitionPlacer:
+    config = kev.load_config({"router": {"strategy": strategy, "channel_pool_size": 2, "max_parallel_queries": 2,
+                                         "channel_queue_depth": 2, "breaker_threshold": 1, "max_queue": 2, **router}})
+    return PartitionPlacer.build(config.router, partitions, encoder=None)
+
+
+def test_the_strategy_picks_partitions_and_the_breaker_spills() -> None:
+    p = placer("semantic_hash")
+    features = QuestionFeatures(num_tokens=10, bucket=5)
+    first = p.place(features)
+    assert first is not None and first.channel_id == 5 % 3 and not first.rerouted
+    second = p.place(features)  # its partition has a question waiting: the breaker (threshold 1) is open
+    assert second is not None and second.channel_id != first.channel_id and second.rerouted
+    assert p.loads.waiting[first.channel_id] == 1 and sum(p.loads.waiting) == 2
+    spread = placer("consistent_hash")
+    picks = [spread.place(QuestionFeatures(10, 5)) for _ in range(3)]
+    assert sorted(x.channel_id for x in picks if x) == [0, 1, 2], "bounded loads: one bucket, every partition"
+
+
+def test_partitions_without_a_live_worker_take_nothing_and_room_runs_out() -> None:
+    p = placer(partitions=2)
+    p.loads.live = {1}
+    placed = [p.place(QuestionFeatures(10, b)) for b in range(4)]
+    assert [x.channel_id for x in placed if x] == [1, 1, 1, 1], "room = pool 2 x depth 2 on the live partition"
+    assert p.place(QuestionFeatures(10, 0)) is None, "full: overflow_policy decides"
+    assert p.defer() and p.defer() and not p.defer(), "the overflow queue holds router.max_queue"
+    p.unplace([1, None])
+    assert p.loads.waiting == [0, 3] and p.loads.overflow == 1
+
+
+def test_a_poll_keeps_what_it_could_not_see_yet() -> None:
+    p = placer(partitions=2)
+    p.place(QuestionFeatures(10, 0))  # placed, not yet published
+    since = p.loads.snapshot()
+    late = p.place(QuestionFeatures(10, 1))  # placed while the poll runs
+    p.loads.update([0, 0], [0, 0], 0, since)  # JetStream saw neither
+    assert sum(p.loads.waiting) == 2 and late is not None
+    for partition in range(2):
+        while p.loads.unpublished[partition]:
+            p.loads.published(partition)
+    p.loads.update([1, 1], [0, 0], 0, p.loads.snapshot())
+    assert p.loads.waiting == [1, 1]
+
+
+def result(index: int, text: str = "ab", ids: list[int] | None = None) -> Result:
+    return Result("r1", index, text=text, token_ids=ids or [1, 2], channel_id=3)
+
+
+def test_the_routers_request_keeps_one_answer_per_question_and_closes_streams() -> None:
+    async def scenario() -> None:
+        request = OpenRequest("r1", 3, "seq_append", "strict", {0, 1, 2})
+        request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="a", token_ids=[1]))  # before the watch
+        watch = Watch("r1", 3, asyncio.get_running_loop(), events=asyncio.Queue())
+        request.attach(watch)
+        assert request.add_result(result(0), seq=7)
+        assert not request.add_result(result(0, "zz"), seq=9), "a duplicate is dropped"
+        request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="b", token_ids=[2]))  # late: dropped
+        assert request.add_result(result(2), seq=3) and request.add_result(result(1), seq=5)
+        events = []
+        while (event := await watch.events.get()) is not None:  # type: ignore[union-attr]
+            events.append(event)
+        streamed = [(e.text, e.token_ids) for e in events if e.index == 0 and not e.finished]
+        assert streamed == [("a", [1]), ("b", [2])], "the answer closes a stream its deltas did not finish"
+        assert [r.index for r in request.ordered()] == [2, 1, 0], "seq_append: acceptance order"
+        assert watch.done.is_set() or (await asyncio.sleep(0)) is None
+
+    asyncio.run(scenario())
+
+
+def test_names_follow_the_prefix() -> None:
+    t = Topology("kev", 2)
+    assert t.work_consumers() == [("KEV_p0", "kev.work.p0"), ("KEV_p1", "kev.work.p1"), ("KEV_any", "kev.work.any")]
+    assert (t.results_stream, t.requests_bucket, t.out_subject("r9")) == ("KEV_RESULTS", "kev_requests", "kev.out.r9")
+
+
+def test_the_aggregator_and_placement_import_without_torch() -> None:
+    code = ("import sys, kev.distributed.aggregator, kev.distributed.placement, kev.distributed.router_requests, "
+            "kev.cli.aggregator_cmd; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
