@@ -1,7 +1,11 @@
-"""Shared fixtures: one real default-model engine per test session (loading takes seconds)."""
+"""Shared fixtures: one real default-model engine per test session (loading takes seconds), and real `kev serve` processes."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import pytest
+from harness import ServerProcess
 
 import kev
 
@@ -35,3 +39,20 @@ def make_engine(default_model):
     yield make
     for engine in engines:
         engine.close()
+
+
+@pytest.fixture(scope="module")
+def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
+    """start_server(config, api_key=None, extra_args=None): servers started here stop (SIGTERM) at module end."""
+    servers: list[ServerProcess] = []
+
+    def start(config: dict[str, Any] | None = None, api_key: str | None = None,
+              extra_args: list[str] | None = None) -> ServerProcess:
+        server = ServerProcess(config or {}, tmp_path_factory.mktemp("kev-serve"), api_key, extra_args or [])
+        servers.append(server)
+        return server.start()
+
+    yield start
+    for server in servers:
+        code = server.terminate()
+        assert code == 0, f"kev serve exited with {code} on SIGTERM:\n{server.log()[-3000:]}"

@@ -15,8 +15,7 @@ from typing import Any
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
-from kev.engine.inputs import QuestionError, parse_question
-from kev.engine.submission import SubmitOptions, normalize_question, tokenize_question
+from kev.engine.submission import SubmitOptions, read_questions
 from kev.model.tokenizer import Tokenizer
 from kev.router.features import QuestionFeatures
 from kev.router.router import Router
@@ -42,25 +41,15 @@ def validate_options(config: KevConfig, options: dict[str, Any]) -> SubmitOption
 def prepare(queries: list[Any], request_id: str, submit: SubmitOptions, config: KevConfig, tokenizer: Tokenizer,
             vocab_size: int, router: Router) -> tuple[list[Prepared], list[Result]]:
     """Per question: a Prepared to publish, or an error result (as the engine would have made it)."""
+    read, errors = read_questions(queries, request_id, submit, tokenizer, config, vocab_size, router)
+    for result in errors:
+        result.started_at = result.finished_at = time.time()
     prepared: list[Prepared] = []
-    errors: list[Result] = []
-    for index, raw in enumerate(queries):
-        try:
-            spec = parse_question(raw, index, submit.defaults)
-            normalized = normalize_question(spec, router.normalizer)
-            prompt_ids = tokenize_question(spec, tokenizer, index, config.core.max_context, vocab_size)
-        except QuestionError as err:
-            now = time.time()
-            errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
-                                 isolation=submit.isolation, original_text=raw if isinstance(raw, str) else None,
-                                 started_at=now, finished_at=now, strategy=router.strategy_name))
-            continue
-        text = (spec.original_text or "") if normalized is None else normalized
-        question = raw
-        if not spec.sampling.is_greedy and spec.sampling.seed is None:
-            question = with_seed(raw, secrets.randbits(62))
-        prepared.append(Prepared(index, question, router.describe(text, len(prompt_ids)), spec.priority,
-                                 spec.timeout_ms, spec.original_text))
+    for r in read:
+        question = r.raw
+        if not r.spec.sampling.is_greedy and r.spec.sampling.seed is None:
+            question = with_seed(r.raw, secrets.randbits(62))
+        prepared.append(Prepared(r.index, question, r.features, r.spec.priority, r.spec.timeout_ms, r.spec.original_text))
     return prepared, errors
 
 

@@ -152,8 +152,7 @@ class ReplicaEngine:
 
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
         request = self._request(request_id)
-        if not request.done.wait(timeout):
-            raise TimeoutError(f"request {request_id}: {len(request.results)}/{request.num_questions} results after {timeout}s")
+        request.wait_done(timeout)
         return self.results(request_id)
 
     def results(self, request_id: str) -> list[Result]:
@@ -165,12 +164,7 @@ class ReplicaEngine:
         return order_results(list(request.results.values()), self.config.aggregator.mode, priorities)
 
     def stream(self, request_id: str, timeout: float | None = None) -> Iterator[StreamEvent]:
-        request = self._request(request_id)
-        finished = 0
-        while finished < request.num_questions:
-            event = request.events.get(timeout=timeout)
-            finished += event.finished
-            yield event
+        yield from self._request(request_id).iter_events(timeout)
 
     def cancel(self, request_id: str) -> None:
         """Cancel every share; their cancelled results are in before this returns, as with one engine."""

@@ -103,8 +103,7 @@ class Engine:
         request = self._request(request_id)
         if self._thread is None:
             self.run_until_idle()
-        if not request.done.wait(timeout):
-            raise TimeoutError(f"request {request_id}: {len(request.results)}/{request.num_questions} results after {timeout}s")
+        request.wait_done(timeout)
         return self.results(request_id)
 
     def results(self, request_id: str) -> list[Result]:
@@ -115,12 +114,7 @@ class Engine:
 
     def stream(self, request_id: str, timeout: float | None = None) -> Iterator[StreamEvent]:
         """Per-question deltas as they are produced; ends after every question's final event."""
-        request = self._request(request_id)
-        finished = 0
-        while finished < request.num_questions:
-            event = request.events.get(timeout=timeout)
-            finished += event.finished
-            yield event
+        yield from self._request(request_id).iter_events(timeout)
 
     def cancel(self, request_id: str) -> None:
         request = self._request(request_id)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kev.aggregator.result import Result
@@ -36,3 +37,15 @@ class Request:
         self.events.put(StreamEvent(result.index, result.channel_id, "", [], True, result))
         if len(self.results) == self.num_questions:
             self.done.set()
+
+    def wait_done(self, timeout: float | None) -> None:
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id}: {len(self.results)}/{self.num_questions} results after {timeout}s")
+
+    def iter_events(self, timeout: float | None) -> Iterator[StreamEvent]:
+        """The request's events until every question's final one."""
+        finished = 0
+        while finished < self.num_questions:
+            event = self.events.get(timeout=timeout)
+            finished += event.finished
+            yield event

@@ -16,6 +16,7 @@ from kev.engine.inputs import (QuestionError, QuestionSpec, RequestDefaults, par
 from kev.engine.question import Question, SamplingParams
 from kev.errors import InvalidRequestError
 from kev.model.tokenizer import Tokenizer
+from kev.router.features import QuestionFeatures
 from kev.router.normalize import Normalizer
 from kev.router.router import Router
 
@@ -52,9 +53,22 @@ class SubmitOptions:
         return cls(level, min(max_parallel or cap, cap), defaults)
 
 
-def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
-                    config: KevConfig, vocab_size: int, router: Router) -> tuple[list[Question], list[Result]]:
-    questions: list[Question] = []
+@dataclass
+class ReadQuestion:
+    """One valid question, parsed, normalized, tokenized and described for the router."""
+
+    index: int
+    raw: Any
+    spec: QuestionSpec
+    prompt_ids: list[int]
+    normalized: str | None
+    features: QuestionFeatures
+
+
+def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
+                   config: KevConfig, vocab_size: int, router: Router) -> tuple[list[ReadQuestion], list[Result]]:
+    """The per-question checks every submit path makes (engine, router): a bad question becomes its error result."""
+    read: list[ReadQuestion] = []
     errors: list[Result] = []
     for index, raw in enumerate(queries):
         try:
@@ -63,15 +77,26 @@ def build_questions(queries: list[Any], request_id: str, options: SubmitOptions,
             prompt_ids = tokenize_question(spec, tokenizer, index, config.core.max_context, vocab_size)
         except QuestionError as err:
             errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
-                                 isolation=options.isolation, original_text=raw if isinstance(raw, str) else None))
+                                 isolation=options.isolation, original_text=raw if isinstance(raw, str) else None,
+                                 strategy=router.strategy_name))
             continue
-        q = _question(spec, prompt_ids, request_id, index, options.isolation, tokenizer)
+        text = (spec.original_text or "") if normalized is None else normalized
+        read.append(ReadQuestion(index, raw, spec, prompt_ids, normalized, router.describe(text, len(prompt_ids))))
+    return read, errors
+
+
+def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
+                    config: KevConfig, vocab_size: int, router: Router) -> tuple[list[Question], list[Result]]:
+    read, errors = read_questions(queries, request_id, options, tokenizer, config, vocab_size, router)
+    questions: list[Question] = []
+    for r in read:
+        q = _question(r.spec, r.prompt_ids, request_id, r.index, options.isolation, tokenizer)
         q.shadow = random.random() < config.isolation.shadow_rate
-        if config.isolation.shared_prefix and options.defaults.system and spec.messages:
-            q.prefix_ids = _prefix_ids(tokenizer, options.defaults.system, prompt_ids)
+        if config.isolation.shared_prefix and options.defaults.system and r.spec.messages:
+            q.prefix_ids = _prefix_ids(tokenizer, options.defaults.system, r.prompt_ids)
             q.prefix_public = options.defaults.system_is_public
-        q.normalized_text = normalized
-        q.features = router.describe((spec.original_text or "") if normalized is None else normalized, len(prompt_ids))
+        q.normalized_text = r.normalized
+        q.features = r.features
         questions.append(q)
     return questions, errors
 

@@ -40,13 +40,25 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class _Sampling(_Body):
+    """The sampling options a request sets for all its questions and a question may override."""
+
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: Temperature = None
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: Stop = None
+    timeout_ms: int | None = Field(None, ge=1)
+
+
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant", "tool"]
     content: Text
     name: Text | None = None
 
 
-class QuestionObject(_Body):
+class QuestionObject(_Sampling):
     """One question with its own overrides; exactly one of text, messages, prompt."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
@@ -56,13 +68,6 @@ class QuestionObject(_Body):
     text: Text = Field(None, description="a user message, rendered with the chat template")  # type: ignore[assignment]
     messages: list[ChatMessage] = Field(None, min_length=1)  # type: ignore[assignment]
     prompt: Text = Field(None, description="raw prompt, no chat template")  # type: ignore[assignment]
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: Temperature = None
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: Stop = None
-    timeout_ms: int | None = Field(None, ge=1)
     priority: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
 
     @model_validator(mode="after")
@@ -92,19 +97,12 @@ Question = Annotated[
 ]
 
 
-class SubmitBody(_Body):
+class SubmitBody(_Sampling):
     """Questions and request-level options (each question may override its sampling)."""
 
     queries: list[Question] = Field(min_length=1)
     isolation: Literal["strict", "shared", "loose"] | None = Field(None, description="at most as loose as the configured isolation.level")
     max_parallel: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: Temperature = None
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop: Stop = None
-    timeout_ms: int | None = Field(None, ge=1)
     system: Text | None = Field(None, description="shared system prompt for every chat question")
 
     def engine_queries(self) -> list[Any]:

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,3 +146,23 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {n}\n{r.log()[-2000:]}" for n, r in self.roles.items())
+
+
+@contextmanager
+def two_worker_cluster(folder: Path) -> Iterator[Cluster]:
+    """nats-server, aggregator, worker0, worker1 and a router, all serving; every role must stop cleanly after."""
+    cluster = Cluster(folder, dict(BASE)).start_nats()
+    try:
+        cluster.start_aggregator()
+        cluster.start_worker(0)
+        cluster.start_worker(1)
+        router = cluster.start_router()
+        with httpx.Client(base_url=router.url, timeout=300) as client:
+            cluster.wait_workers(client, {"worker0", "worker1"})
+        yield cluster
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        codes = cluster.stop()
+    assert all(code == 0 for code in codes.values()), f"a role did not stop cleanly: {codes}\n{cluster.logs()}"

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.distributed.cluster_harness import BASE, Cluster
+from tests.distributed.cluster_harness import Cluster, two_worker_cluster
 from harness import ServerProcess
 
 # The reference runs the same numerics as the workers (same core settings), in single mode.
@@ -38,18 +38,5 @@ def reference(single: httpx.Client) -> Callable[..., list[dict[str, Any]]]:
 
 @pytest.fixture(scope="session")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path_factory.mktemp("kev-cluster"), dict(BASE)).start_nats()
-    try:
-        cluster.start_aggregator()
-        cluster.start_worker(0)
-        cluster.start_worker(1)
-        router = cluster.start_router()
-        with httpx.Client(base_url=router.url, timeout=300) as client:
-            cluster.wait_workers(client, {"worker0", "worker1"})
+    with two_worker_cluster(tmp_path_factory.mktemp("kev-cluster")) as cluster:
         yield cluster
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        codes = cluster.stop()
-    assert all(code == 0 for code in codes.values()), f"a role did not stop cleanly: {codes}\n{cluster.logs()}"

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.distributed.cluster_harness import BASE, Cluster
+from tests.distributed.cluster_harness import Cluster, two_worker_cluster
 from tests.distributed.test_cluster_e2e import same_as_single, wait_until
 from harness import metric
 
@@ -20,21 +20,8 @@ QUESTIONS = [f"Tell me a fact about the number {i}." for i in range(16)]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path_factory.mktemp("kev-faults"), dict(BASE)).start_nats()
-    try:
-        cluster.start_aggregator()
-        cluster.start_worker(0)
-        cluster.start_worker(1)
-        router = cluster.start_router()
-        with httpx.Client(base_url=router.url, timeout=300) as client:
-            cluster.wait_workers(client, {"worker0", "worker1"})
+    with two_worker_cluster(tmp_path_factory.mktemp("kev-faults")) as cluster:
         yield cluster
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        codes = cluster.stop()
-    assert all(code == 0 for code in codes.values()), (codes, cluster.logs())
 
 
 @pytest.fixture(scope="module")

@@ -31,22 +31,6 @@ def browser() -> Iterator[Any]:
         browser.close()
 
 
-@pytest.fixture(scope="module")
-def start_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., ServerProcess]]:
-    """start_server(config, api_key=None): stopped with SIGTERM at module end; a clean exit is asserted."""
-    servers: list[ServerProcess] = []
-
-    def start(config: dict[str, Any], api_key: str | None = None) -> ServerProcess:
-        server = ServerProcess(config, tmp_path_factory.mktemp("kev-serve"), api_key)
-        servers.append(server)
-        return server.start()
-
-    yield start
-    for server in servers:
-        code = server.terminate()
-        assert code == 0, f"kev serve exited with {code} on SIGTERM:\n{server.log()[-3000:]}"
-
-
 @pytest.fixture
 def open_page(browser: Any) -> Iterator[Callable[[ServerProcess], Any]]:
     """open_page(server): a fresh tab on the playground; afterwards, no script error and no request elsewhere."""
