@@ -9,7 +9,7 @@ import torch
 from kev.engine.packer import TilePlan
 from kev.model.attention import PagedKVLayer
 from kev.model.llama import LlamaModel
-from kev.model.step_metadata import StepMetadata
+from kev.model.step_metadata import KEY_BUCKET, StepMetadata
 
 
 class ModelRunner:
@@ -47,5 +47,7 @@ class ModelRunner:
 def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan) -> str:
     """A short hash of everything that decides the bits of an answer."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
-    parts = [str(dtype), device.type, device_kind, f"tiles={plan.small}/{plan.big}" if plan.invariant else "tiles=step", "attn=paged-per-channel-sdpa", torch.__version__]
+    tiles = f"tiles={plan.small}/{plan.big}" if plan.invariant else "tiles=step"
+    attention = f"attn=paged-sdpa,decode-keys-padded-to-{KEY_BUCKET}"
+    parts = [str(dtype), device.type, device_kind, tiles, attention, torch.__version__]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

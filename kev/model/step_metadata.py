@@ -7,8 +7,14 @@ own span and its own key slots, so block-diagonal isolation is structural.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
+
+# Decode attention runs over a channel's keys padded (masked) to a multiple of this, so that
+# channels of the same padded length share one batched call; the padding depends only on the
+# channel's own context length, so its bits are the same alone or packed.
+KEY_BUCKET = 64
 
 
 @dataclass
@@ -38,3 +44,37 @@ class StepMetadata:
     @property
     def num_tokens(self) -> int:
         return self.slot_mapping.numel()
+
+    @cached_property
+    def decode_groups(self) -> list[DecodeGroup]:
+        """The one-query spans, grouped by padded context length. Built from the spans on first use
+        (after any audit or test hook has seen them), so the keys attended are the spans' own."""
+        by_length: dict[int, list[ChannelSpan]] = {}
+        for span in self.spans:
+            if span.q_len == 1:
+                by_length.setdefault(-(-span.ctx_len // KEY_BUCKET) * KEY_BUCKET, []).append(span)
+        return [DecodeGroup.build(spans, length) for length, spans in by_length.items()]
+
+    @property
+    def chunk_spans(self) -> list[ChannelSpan]:
+        """The spans with several query rows (prefill chunks): attended one by one."""
+        return [span for span in self.spans if span.q_len > 1]
+
+
+@dataclass
+class DecodeGroup:
+    """Channels with one query row each and the same padded key length, attended in one call."""
+
+    rows: torch.Tensor  # [B] the query row of each channel
+    kv_slots: torch.Tensor  # [B * padded_len] each channel's key slots, padded with its own first slot
+    key_mask: torch.Tensor  # [B, 1, 1, padded_len] True for the channel's real keys
+    padded_len: int
+
+    @staticmethod
+    def build(spans: list[ChannelSpan], padded_len: int) -> DecodeGroup:
+        device = spans[0].kv_slots.device
+        slots = [torch.cat([s.kv_slots, s.kv_slots[:1].expand(padded_len - s.ctx_len)]) for s in spans]
+        lengths = torch.tensor([s.ctx_len for s in spans], device=device)
+        key_mask = torch.arange(padded_len, device=device)[None, :] < lengths[:, None]
+        rows = torch.tensor([s.q_start for s in spans], dtype=torch.long, device=device)
+        return DecodeGroup(rows, torch.cat(slots), key_mask[:, None, None, :], padded_len)
