@@ -41,12 +41,15 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args, {"router": {"max_parallel_queries": parallel, "channel_pool_size": parallel,
                                                 "strategy": "round_robin"},
                                      "core": {"max_context": 1024}})
-    with Engine(config) as engine:
+    # The caller drives the steps (no loop thread), in the thread that runs the serial and HF paths too:
+    # a second OpenMP pool makes every GEMM slower on a small CPU (docs/design.md, Known limits).
+    with Engine(config, background=False) as engine:
         hf = None if args.no_hf else load_hf_reference(engine)
         fused = None
         if not args.no_invariance_cost:
             fused_config = load_config(config, {"core": {"batch_invariant": False}})
-            fused = Engine(fused_config, build_parts(fused_config, engine.runner.model, engine.tokenizer))
+            fused = Engine(fused_config, build_parts(fused_config, engine.runner.model, engine.tokenizer),
+                           background=False)
         report = run_throughput(engine, sizes, args.max_tokens, hf, fused)
         if fused is not None:
             fused.close()

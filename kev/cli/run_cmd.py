@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
-    with Engine(config) as engine:
+    with Engine(config, background=False) as engine:  # one batch: the caller drives the steps (docs/design.md)
         results = engine.generate(args.queries, timeout=args.timeout, max_tokens=args.max_tokens,
                                   temperature=args.temperature, seed=args.seed, isolation=args.isolation,
                                   system=args.system, timeout_ms=args.timeout_ms)

@@ -1,0 +1,38 @@
+"""`kev run --json` and `kev bench --json`: the output contracts a user scripts against."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kev.cli.main import main
+
+RESULT_FIELDS = {"text", "token_ids", "tokens", "prompt_tokens", "completion_tokens", "channel_id", "index",
+                 "elapsed_ms", "started_at", "finished_at", "finish_reason", "status"}
+
+
+def test_kev_run_json_prints_one_result_per_question(capsys):
+    code = main(["run", "--max-tokens", "4", "--json", "What is 2+2?", "解释一下什么是KV Cache", "Hi"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert code == 0
+    assert [r["index"] for r in lines] == [0, 1, 2]
+    for r in lines:
+        assert RESULT_FIELDS <= r.keys()
+        assert r["status"] == "ok" and 1 <= r["completion_tokens"] <= 4
+        assert r["tokens"] == r["prompt_tokens"] + r["completion_tokens"]
+        assert isinstance(r["channel_id"], int)
+
+
+@pytest.mark.slow
+def test_kev_bench_json_reports_every_path_and_ratio(capsys):
+    code = main(["bench", "--sizes", "1,2", "--max-tokens", "3", "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert {"model", "precision", "threads", "results", "ratios"} <= report.keys()
+    paths = {(r["n"], r["path"]) for r in report["results"]}
+    assert {(n, p) for n in (1, 2) for p in ("kev", "serial", "hf_batch")} <= paths
+    for r in report["results"]:
+        assert r["tokens"] == 3 * r["n"] and r["seconds"] > 0 and r["tok_per_s"] > 0
+        if r["path"] in ("kev", "serial"):
+            assert r["identical_to_solo"] == f"{r['n']}/{r['n']}"
+    assert {"kev_over_serial", "kev_over_hf_batch"} <= report["ratios"]["2"].keys()
