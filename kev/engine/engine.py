@@ -7,6 +7,7 @@ new questions join between steps (continuous batching).
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -39,7 +40,27 @@ class Engine:
                  background: bool = True) -> None:
         """background=False: no loop thread; wait() and run_until_idle() drive step() in the caller."""
         self.config = config
-        self.parts = parts or build_parts(config)
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        if background:
+            # The loop thread loads the model itself when it has to: then it owns the process's only
+            # OpenMP pool, and its GEMMs run ~20% faster than beside a pool of the caller's
+            # (docs/design.md, Known limits).
+            handoff: queue.Queue[EngineParts | BaseException] = queue.Queue(maxsize=1)
+            self._thread = threading.Thread(target=self._loop, args=(parts, handoff), name="kev-engine", daemon=True)
+            self._thread.start()
+            built = handoff.get()
+            if isinstance(built, BaseException):
+                raise built
+            parts = built
+        try:
+            self._setup(config, parts or build_parts(config), record_logits)
+        finally:
+            self._started.set()  # a failed setup leaves _closed set: the loop thread ends
+
+    def _setup(self, config: KevConfig, parts: EngineParts, record_logits: bool) -> None:
+        self._closed = True
+        self.parts = parts
         self.tokenizer, self.runner, self.scheduler = self.parts.tokenizer, self.parts.runner, self.parts.scheduler
         self.record_logits = record_logits
         self.requests: dict[str, Request] = {}
@@ -49,12 +70,8 @@ class Engine:
         self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler, self.post)
         self.metadata_hook: Callable[[StepMetadata], None] | None = None
         self._lock = threading.Condition()
-        self._closed = False
         self.stats = EngineStats()
-        self._thread: threading.Thread | None = None
-        if background:
-            self._thread = threading.Thread(target=self._loop, name="kev-engine", daemon=True)
-            self._thread.start()
+        self._closed = False
 
     @classmethod
     def from_config(cls, source: ConfigSource = None, **kwargs: Any) -> Engine:
@@ -222,7 +239,15 @@ class Engine:
             self._lock.notify_all()  # the loop may be asleep: what was placed so far is work for it
             self._lock.wait(seconds)
 
-    def _loop(self) -> None:
+    def _loop(self, parts: EngineParts | None, handoff: queue.Queue[EngineParts | BaseException]) -> None:
+        try:
+            handoff.put(parts or build_parts(self.config))
+        except BaseException as err:  # a bad model path: the constructor raises it
+            handoff.put(err)
+            return
+        self._started.wait()
+        if self._closed:  # the constructor failed after the model loaded
+            return
         while True:
             with self._lock:
                 while not self._closed and not self.scheduler.has_work():
