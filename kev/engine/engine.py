@@ -40,6 +40,7 @@ class Engine:
                  background: bool = True) -> None:
         """background=False: no loop thread; wait() and run_until_idle() drive step() in the caller."""
         self.config = config
+        self._closed = True  # until setup has finished: a loop thread that sees it set ends
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         if background:
@@ -56,10 +57,9 @@ class Engine:
         try:
             self._setup(config, parts or build_parts(config), record_logits)
         finally:
-            self._started.set()  # a failed setup leaves _closed set: the loop thread ends
+            self._started.set()
 
     def _setup(self, config: KevConfig, parts: EngineParts, record_logits: bool) -> None:
-        self._closed = True
         self.parts = parts
         self.tokenizer, self.runner, self.scheduler = self.parts.tokenizer, self.parts.runner, self.parts.scheduler
         self.record_logits = record_logits

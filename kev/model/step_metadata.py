@@ -55,7 +55,7 @@ class StepMetadata:
                 by_length.setdefault(-(-span.ctx_len // KEY_BUCKET) * KEY_BUCKET, []).append(span)
         return [DecodeGroup.build(spans, length) for length, spans in by_length.items()]
 
-    @property
+    @cached_property
     def chunk_spans(self) -> list[ChannelSpan]:
         """The spans with several query rows (prefill chunks): attended one by one."""
         return [span for span in self.spans if span.q_len > 1]
