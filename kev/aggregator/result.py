@@ -34,6 +34,10 @@ class Result:
     numerics_fingerprint: str = ""
     isolation_verified: bool | None = None
     worker: str | None = None  # distributed: the worker that answered (channel_id is that worker's channel)
+    # logprobs=k: per completion token {token_id, token, bytes, logprob, top_logprobs: [{token_id, token, bytes,
+    # logprob}]}, of the model's distribution before temperature, top-k/top-p and any grammar mask.
+    logprobs: list[dict[str, Any]] | None = None
+    prompt_logprobs: list[dict[str, Any] | None] | None = None  # per prompt token, the first None (prompt_logprobs)
     logits: Any = None  # [completion_tokens, vocab] fp32 tensor, only when the engine records logits
 
     @property

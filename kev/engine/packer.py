@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kev.engine.logprobs import logit_rows
 from kev.engine.scheduler import Work
 from kev.isolation.block_manager import BlockManager
 from kev.model.step_metadata import ChannelSpan, StepMetadata
@@ -77,8 +78,7 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
             kv_slots = torch.tensor(blocks.slots(channel, 0, end), dtype=torch.long, device=device)
             spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device), w.start == 0,
                                      q.prefix_len))
-            if w.samples:
-                sample_rows.append(q_start + w.length - 1)
+            sample_rows.extend(logit_rows(w, q_start))  # the sampling row; all rows of a prompt being scored
         if group:
             rows.close_tiles(plan.for_decode(len(group)) if group is decode else plan.for_chunk(group[0].length))
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731

@@ -18,6 +18,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
+    logprobs: int | None = None  # None: none; k: each new token's logprob and its k most likely alternatives
+    prompt_logprobs: bool = False  # also the logprob of every prompt token (after the first); allows max_tokens 0
 
     @property
     def is_greedy(self) -> bool:
@@ -71,6 +73,10 @@ class Question:
     shadow: bool = False  # re-run alone after it finishes, to verify isolation
     shadow_of: Question | None = None  # set on the re-run: the question it verifies
     held_result: Any = None  # the verified question's Result, delivered once the shadow finishes
+    grammar_spec: Any = None  # CompiledGrammar of its structured_outputs (a shadow re-run starts its own matcher)
+    grammar: Any = None  # ChannelGrammar: the structured-output state of this question's channel, dropped at finish
+    logprobs: list[Any] = field(default_factory=list)  # one dict per new token (sampling.logprobs set)
+    prompt_logprobs: list[Any] = field(default_factory=list)  # one per prompt token; the first is None
 
     @property
     def deadline(self) -> float | None:

@@ -14,6 +14,8 @@ def sample(logits: torch.Tensor, questions: list[Question]) -> list[int]:
 
 def sample_one(row: torch.Tensor, question: Question) -> int:
     params = question.sampling
+    if question.grammar is not None:  # this channel's structured output: only its own row is masked
+        row = question.grammar.constrain(row)
     if params.is_greedy:
         return int(torch.argmax(row))
     scores = row / params.temperature

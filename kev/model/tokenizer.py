@@ -76,6 +76,22 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry (for byte-level BPE, one character per byte), not decoded text."""
+        return self._backend.id_to_token(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        added = self._backend.get_added_tokens_decoder().get(token_id)
+        return bool(added is not None and added.special)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    def to_json(self) -> str:
+        """The tokenizer.json text (what grammar libraries build their token tables from)."""
+        return self._backend.to_str()
+
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt text the model's chat template makes of messages (like HF apply_chat_template)."""
         if not self._chat_template:
