@@ -37,7 +37,7 @@ class Result:
     # logprobs=k: per completion token {token_id, token, bytes, logprob, top_logprobs: [{token_id, token, bytes,
     # logprob}]}, of the model's distribution before temperature, top-k/top-p and any grammar mask.
     logprobs: list[dict[str, Any]] | None = None
-    prompt_logprobs: list[dict[str, Any] | None] | None = None  # per prompt token, the first None (prompt_logprobs)
+    prompt_logprobs: list[dict[str, Any]] | None = None  # the same per prompt token; the first has logprob None
     logits: Any = None  # [completion_tokens, vocab] fp32 tensor, only when the engine records logits
 
     @property

@@ -89,10 +89,10 @@ def record_sampled(q: Question, row: torch.Tensor, token_id: int, texts: TokenTe
 
 
 def record_prompt(w: Work, logits: torch.Tensor, texts: TokenTexts) -> None:
-    """Prompt logprobs of one chunk: row p scores prompt token p + 1; the prompt's first token has none."""
+    """Prompt logprobs of one chunk: row p scores prompt token p + 1; the prompt's first token has logprob None."""
     q, prompt = w.question, w.question.prompt_ids
     if w.start == 0:
-        q.prompt_logprobs = [None]
+        q.prompt_logprobs = [{**_entry(prompt[0], None, texts), "top_logprobs": []}]
     top = q.sampling.logprobs or 0
     for offset in range(w.length):
         position = w.start + offset + 1
@@ -101,7 +101,7 @@ def record_prompt(w: Work, logits: torch.Tensor, texts: TokenTexts) -> None:
             q.prompt_logprobs.append(token_logprob(row, prompt[position], top, texts))
 
 
-def _entry(token_id: int, logprob: float, texts: TokenTexts) -> dict[str, Any]:
+def _entry(token_id: int, logprob: float | None, texts: TokenTexts) -> dict[str, Any]:
     return {"token_id": token_id, "token": texts.text(token_id), "bytes": list(texts.bytes(token_id)),
             "logprob": logprob}
 

@@ -76,7 +76,7 @@ class Question:
     grammar_spec: Any = None  # CompiledGrammar of its structured_outputs (a shadow re-run starts its own matcher)
     grammar: Any = None  # ChannelGrammar: the structured-output state of this question's channel, dropped at finish
     logprobs: list[Any] = field(default_factory=list)  # one dict per new token (sampling.logprobs set)
-    prompt_logprobs: list[Any] = field(default_factory=list)  # one per prompt token; the first is None
+    prompt_logprobs: list[Any] = field(default_factory=list)  # one per prompt token; the first's logprob is None
 
     @property
     def deadline(self) -> float | None:

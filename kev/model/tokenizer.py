@@ -66,9 +66,9 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self._chat_template)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of text; special tokens written in the text are recognised, none are added."""
-        return self._backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of text; special tokens written in the text are recognised, none are added (unless asked)."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -83,6 +83,11 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         added = self._backend.get_added_tokens_decoder().get(token_id)
         return bool(added is not None and added.special)
+
+    @property
+    def pad_token(self) -> str | None:
+        padding = self._backend.padding
+        return padding.get("pad_token") if padding else None
 
     @property
     def chat_template(self) -> str | None:

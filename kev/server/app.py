@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 import kev
 from kev.config import KevConfig
-from kev.server import routes_kev, routes_ops, routes_openai
+from kev.server import routes_kev, routes_ops, routes_openai, routes_tokenizer
 from kev.server.backend import build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
@@ -51,7 +51,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
                   description="Many independent questions, one forward pass, isolated channels.")
     app.state.service = service
     install_handlers(app)
-    for router in (routes_kev.router, routes_openai.router, routes_ops.router, playground.router):
+    for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_ops.router, playground.router):
         app.include_router(router)
     _document_served_model(app, service.model_name)
     app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key, max_body_bytes=config.server.max_body_bytes)

@@ -12,11 +12,14 @@ from typing import Any, Protocol
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.engine.stats import EngineStats
+from kev.model.tokenizer import Tokenizer
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
 
 class Backend(Protocol):
+    tokenizer: Tokenizer  # the served model's (the tokenizer routes, token-id prompts)
+
     @property
     def unavailable(self) -> str | None:
         """Why new work is refused right now (HTTP 503), or None."""

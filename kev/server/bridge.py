@@ -31,6 +31,7 @@ class EngineBridge:
 
     def __init__(self, engine: Engine, metrics: ServerMetrics, max_threads: int) -> None:
         self.engine, self.metrics = engine, metrics
+        self.tokenizer = engine.tokenizer
         self.pool = ThreadPoolExecutor(max_threads, thread_name_prefix="kev-http")
 
     def start(self) -> None:

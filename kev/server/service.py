@@ -16,6 +16,7 @@ from starlette.requests import Request as HttpRequest
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError
+from kev.model.tokenizer import Tokenizer
 from kev.server.backend import Backend
 from kev.server.errors import ApiError
 from kev.server.limits import Limits
@@ -109,6 +110,10 @@ class KevService:
             finished.cancel()
             gone.cancel()
         return tracked.is_done
+
+    def tokenizer(self) -> Tokenizer:
+        """The served model's tokenizer (503 while loading)."""
+        return self.ready_backend().tokenizer
 
     async def results(self, request_id: str) -> list[Result]:
         return await self.ready_backend().results(request_id)

@@ -1,0 +1,118 @@
+"""Logprobs, prompt logprobs and structured output, per channel: a batch changes none of their bits."""
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import pytest
+import torch
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"], "additionalProperties": False}
+FREE = ["Hi", "What is the capital of France? Answer in one word.", "解释一下什么是KV Cache"]
+LONG_PROMPT = ("The sky looks blue during the day because molecules in the air scatter short wavelengths of "
+               "sunlight more strongly than long ones; at sunset the light travels through more air.")
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def engine(make_engine):
+    # Small prefill chunks: a long prompt is scored over several chunks (each returns all its rows).
+    return make_engine({"core": {"prefill_chunk": 16, "max_step_tokens": 64},
+                        "router": {"max_parallel_queries": 8, "channel_pool_size": 12}}, record_logits=True)
+
+
+def constrained(text: str, schema: dict) -> dict:
+    return {"text": text, "structured_outputs": {"json": schema}, "max_tokens": 48}
+
+
+def solo(engine, question, **options):
+    return engine.generate([question], timeout=600, **options)[0]
+
+
+def test_mixed_batch_unconstrained_equal_solo_and_constrained_validate(engine):
+    """Some questions carry schemas, some do not (SGLang #2414, vllm-gaudi #1199): the free ones stay bit-identical."""
+    questions = [FREE[0], constrained("Describe a person as JSON.", PERSON), FREE[1],
+                 constrained("Give a city and its weather as JSON.", CITY), FREE[2],
+                 {"text": "Is water wet?", "structured_outputs": {"choice": ["yes", "no"]}}]
+    results = engine.generate(questions, max_tokens=MAX_TOKENS, logprobs=3, timeout=600)
+    for question, result in zip(questions, results):
+        assert result.status == "ok", result.error
+        if isinstance(question, str):
+            alone = solo(engine, question, max_tokens=MAX_TOKENS, logprobs=3)
+            assert result.token_ids == alone.token_ids
+            assert torch.equal(result.logits, alone.logits)
+            assert result.logprobs == alone.logprobs
+        elif "choice" in question["structured_outputs"]:
+            assert result.text in ("yes", "no")
+        else:
+            assert result.finish_reason == "stop", result.text
+            jsonschema.validate(json.loads(result.text), question["structured_outputs"]["json"])
+    request = next(iter(engine.requests.values()))
+    assert all(q.grammar is None for r in engine.requests.values() for q in r.questions.values()), \
+        "a finished question's channel still holds grammar state"
+    assert request.questions  # the bookkeeping above looked at real questions
+
+
+def test_constrained_answer_equals_its_solo_run(engine):
+    question = constrained("Describe a person as JSON.", PERSON)
+    packed = engine.generate([FREE[1], question, FREE[0]], max_tokens=MAX_TOKENS, timeout=600)[1]
+    alone = solo(engine, question, max_tokens=MAX_TOKENS)
+    assert packed.token_ids == alone.token_ids and torch.equal(packed.logits, alone.logits)
+
+
+def test_logprobs_shape_and_greedy_choice(engine):
+    result = solo(engine, FREE[1], max_tokens=6, logprobs=4)
+    assert [e["token_id"] for e in result.logprobs] == result.token_ids
+    for entry, row in zip(result.logprobs, result.logits):
+        top = entry["top_logprobs"]
+        assert len(top) == 4 and top[0]["token_id"] == entry["token_id"]  # greedy picks the most likely
+        assert [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert entry["logprob"] == pytest.approx(float(torch.log_softmax(row, -1)[entry["token_id"]]), abs=0)
+        assert bytes(entry["bytes"]).decode("utf-8", "replace") == entry["token"] or "\ufffd" in entry["token"]
+    assert sum(math.exp(t["logprob"]) for t in top) <= 1.0 + 1e-6
+
+
+def test_logprobs_are_before_temperature(engine):
+    """Sampling at temperature 2 does not change the reported distribution."""
+    greedy = solo(engine, FREE[1], max_tokens=1, logprobs=2)
+    hot = solo(engine, FREE[1], max_tokens=1, logprobs=2, temperature=2.0, top_p=0.5, seed=1)
+    assert hot.logprobs[0]["top_logprobs"] == greedy.logprobs[0]["top_logprobs"]
+
+
+def test_prompt_logprobs_batch_equals_solo_over_chunks(engine):
+    question = {"prompt": LONG_PROMPT, "max_tokens": 0, "prompt_logprobs": True, "logprobs": 2}
+    alone = solo(engine, question)
+    assert alone.status == "ok" and alone.finish_reason == "length" and alone.token_ids == []
+    ids = engine.tokenizer.encode(LONG_PROMPT)
+    assert len(ids) >= 32  # two or more 16-token chunks
+    assert [e["token_id"] for e in alone.prompt_logprobs] == ids
+    assert alone.prompt_logprobs[0]["logprob"] is None and all(e["logprob"] < 0 for e in alone.prompt_logprobs[1:])
+    packed = engine.generate([FREE[0], question, FREE[2]], max_tokens=MAX_TOKENS, timeout=600)[1]
+    assert packed.prompt_logprobs == alone.prompt_logprobs
+
+
+def test_prompt_logprobs_agree_with_generated_logprobs(engine):
+    """Scoring a generated answer as a prompt gives back (to float tolerance) the logprobs it was generated with."""
+    prompt_ids = engine.tokenizer.encode("Count from one to five: one,")
+    generated = solo(engine, {"prompt_ids": prompt_ids, "max_tokens": 6, "logprobs": 0, "ignore_eos": True})
+    scored = solo(engine, {"prompt_ids": prompt_ids + generated.token_ids, "max_tokens": 0, "prompt_logprobs": True})
+    tail = [e["logprob"] for e in scored.prompt_logprobs[len(prompt_ids):]]
+    assert tail == pytest.approx([e["logprob"] for e in generated.logprobs], abs=2e-4)
+
+
+def test_scoring_and_grammar_input_errors_name_the_field(engine):
+    results = engine.generate([{"text": "a", "max_tokens": 0},
+                               {"text": "a", "structured_outputs": {"json": {"type": "nonsense"}}},
+                               {"text": "a", "structured_outputs": {"regex": "[a-"}},
+                               {"prompt_ids": [1, 2, 10**7]}, {"text": "a", "logprobs": 21}], timeout=60)
+    errors = [r.error or "" for r in results]
+    assert errors[0].startswith("queries[0].max_tokens: must be >= 1")
+    assert errors[1].startswith("queries[1].structured_outputs: ") and "nonsense" in errors[1]
+    assert errors[2].startswith("queries[2].structured_outputs: ") and "regex" in errors[2]
+    assert errors[3].startswith("queries[3].prompt_ids[2]: token id 10000000 is outside the vocabulary")
+    assert errors[4].startswith("queries[4].logprobs: at most 20")
