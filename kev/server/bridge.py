@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from kev.aggregator.result import Result
 from kev.engine.engine import Engine
 from kev.engine.stats import EngineStats
+from kev.model.tokenizer import Tokenizer
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
@@ -31,8 +32,11 @@ class EngineBridge:
 
     def __init__(self, engine: Engine, metrics: ServerMetrics, max_threads: int) -> None:
         self.engine, self.metrics = engine, metrics
-        self.tokenizer = engine.tokenizer
         self.pool = ThreadPoolExecutor(max_threads, thread_name_prefix="kev-http")
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
 
     def start(self) -> None:
         """Nothing to start: the engine's loop already runs."""
