@@ -101,10 +101,12 @@ def grammar_of(spec: Any, where: str) -> str:
                 value = json.loads(value)
             except ValueError as err:
                 raise QuestionError(f"{where}.json: the schema is not valid JSON ({err})") from None
-        if not isinstance(value, (dict, bool)):
+        if not isinstance(value, dict):
             raise QuestionError(f"{where}.json: a JSON schema must be an object, got {type(value).__name__}")
-        # Compact separators: a small model offered free whitespace can pad forever.
-        return llguidance.LLMatcher.grammar_from_json_schema(value, defaults={"whitespace_flexible": False})
+        try:  # compact separators: a small model offered free whitespace can pad forever
+            return llguidance.LLMatcher.grammar_from_json_schema(value, defaults={"whitespace_flexible": False})
+        except (ValueError, TypeError) as err:
+            raise QuestionError(f"{where}.json: {err}") from None
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise QuestionError(f"{where}.choice: must be a non-empty list of non-empty strings")

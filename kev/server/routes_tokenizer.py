@@ -39,7 +39,7 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-@router.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(401, 413, 422, 503),
+@router.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400, 401, 413, 422, 503),
              summary="Token ids of a prompt (or of chat messages through the chat template)")
 async def tokenize(body: TokenizeBody, service: KevService = Depends(get_service)) -> TokenizeResponse:
     tokenizer = service.tokenizer()
@@ -56,7 +56,7 @@ async def tokenize(body: TokenizeBody, service: KevService = Depends(get_service
     return TokenizeResponse(tokens=ids, count=len(ids), max_model_len=service.config.core.max_context)
 
 
-@router.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(401, 422, 503),
+@router.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400, 401, 422, 503),
              summary="The text of token ids (special tokens kept)")
 async def detokenize(body: DetokenizeBody, service: KevService = Depends(get_service)) -> DetokenizeResponse:
     tokenizer = service.tokenizer()

@@ -116,3 +116,20 @@ def test_scoring_and_grammar_input_errors_name_the_field(engine):
     assert errors[2].startswith("queries[2].structured_outputs: ") and "regex" in errors[2]
     assert errors[3].startswith("queries[3].prompt_ids[2]: token id 10000000 is outside the vocabulary")
     assert errors[4].startswith("queries[4].logprobs: at most 20")
+
+
+def test_verify_compare_catches_logprobs_that_differ():
+    """kev verify's comparison looks at logprobs too, not only tokens and logits."""
+    from kev.aggregator.result import Result
+    from kev.isolation.verify import compare
+
+    logits = torch.zeros(1, 4)
+    entry = {"token_id": 1, "token": "a", "bytes": [97], "logprob": -0.5, "top_logprobs": []}
+    solo_run = Result("r", 0, token_ids=[1], logits=logits, logprobs=[entry], prompt_logprobs=[entry])
+    same = Result("r", 0, token_ids=[1], logits=logits.clone(), logprobs=[dict(entry)], prompt_logprobs=[dict(entry)])
+    assert compare(same, solo_run)[0]
+    moved = Result("r", 0, token_ids=[1], logits=logits.clone(), logprobs=[{**entry, "logprob": -0.50001}],
+                   prompt_logprobs=[entry])
+    assert compare(moved, solo_run)[2] == "logprobs differ in channel None"
+    scored = Result("r", 0, token_ids=[1], logits=logits.clone(), logprobs=[entry], prompt_logprobs=[])
+    assert compare(scored, solo_run)[2] == "prompt logprobs differ in channel None"
