@@ -37,8 +37,10 @@ _LIMITS = {"initial_lexer_fuel": 2_000_000, "max_grammar_size": 500_000, "step_l
 class GrammarCompiler:
     """Turns a structured_outputs spec into llguidance grammars and per-channel matchers for one tokenizer."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int],
+                 compile_seconds: float = GRAMMAR_COMPILE_SECONDS) -> None:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, list(eos_token_ids)
+        self.compile_seconds = compile_seconds
         self._lltokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="kev-grammar")
@@ -56,9 +58,9 @@ class GrammarCompiler:
         grammar = grammar_of(spec, where)
         future = self._pool.submit(self._check, grammar)
         try:
-            problem = future.result(timeout=GRAMMAR_COMPILE_SECONDS)
-        except FutureTimeout:
-            raise QuestionError(f"{where}: compiling the constraint took longer than {GRAMMAR_COMPILE_SECONDS:g} s") from None
+            problem = future.result(timeout=self.compile_seconds)
+        except FutureTimeout:  # the worker thread finishes on its own (llguidance's fuel limits bound it)
+            raise QuestionError(f"{where}: compiling the constraint took longer than {self.compile_seconds:g} s") from None
         if problem:
             raise QuestionError(f"{where}: {problem.strip().splitlines()[0]}")
         return CompiledGrammar(self, grammar)

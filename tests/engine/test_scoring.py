@@ -133,3 +133,22 @@ def test_verify_compare_catches_logprobs_that_differ():
     assert compare(moved, solo_run)[2] == "logprobs differ in channel None"
     scored = Result("r", 0, token_ids=[1], logits=logits.clone(), logprobs=[entry], prompt_logprobs=[])
     assert compare(scored, solo_run)[2] == "prompt logprobs differ in channel None"
+
+
+def test_schema_compilation_has_a_time_limit(engine):
+    """A compile that does not finish in time is the question's error; the engine goes on."""
+    import threading
+
+    from kev.engine.inputs import QuestionError
+    from kev.engine.structured import GrammarCompiler
+
+    release = threading.Event()
+    compiler = GrammarCompiler(engine.tokenizer, engine.runner.model.config.vocab_size, [2], compile_seconds=0.05)
+    compiler._check = lambda grammar: release.wait() and ""  # a compile that never ends by itself
+    try:
+        with pytest.raises(QuestionError, match=r"^response_format: compiling the constraint took longer than 0.05 s"):
+            compiler.compile({"json": PERSON}, "response_format")
+    finally:
+        release.set()
+    assert compiler.compile({"json": PERSON}, "response_format").grammar  # a real compile is well inside a limit
+
