@@ -169,6 +169,9 @@ class ResultModel(BaseModel):
     normalized_text: str | None = None
     numerics_fingerprint: str
     isolation_verified: bool | None = None
+    logprobs: list[dict[str, Any]] | None = Field(None, description="per new token {token_id, token, bytes, logprob, "
+                                                  "top_logprobs}, when asked")
+    prompt_logprobs: list[dict[str, Any]] | None = Field(None, description="per prompt token, the first's logprob null")
 
 
 class QueryResponse(BaseModel):
