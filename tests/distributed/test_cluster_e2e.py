@@ -115,6 +115,16 @@ def test_openai_chat_equals_single_mode(client: httpx.Client, single: httpx.Clie
     assert got["usage"] == want["usage"] and got["system_fingerprint"] == want["system_fingerprint"]
 
 
+def test_scoring_and_structure_equal_single_mode(client: httpx.Client, single: httpx.Client) -> None:
+    """Logprobs, prompt logprobs and per-question constraints travel to the workers and back unchanged."""
+    body = {"queries": [{"prompt": "The capital of France is", "prompt_logprobs": True, "max_tokens": 0},
+                        {"text": "Is ice cold?", "structured_outputs": {"choice": ["yes", "no"]}}, "Hi"],
+            "max_tokens": 4, "logprobs": 2}
+    got, want = client.post("/v1/query", json=body).json()["results"], single.post("/v1/query", json=body).json()["results"]
+    assert want[0]["prompt_logprobs"] and want[1]["text"] in ("yes", "no") and len(want[2]["logprobs"]) == 4
+    same_as_single(got, want)
+
+
 def test_bad_input_answers_as_single_mode(client: httpx.Client, single: httpx.Client) -> None:
     bad_option = {"queries": ["hi"], "isolation": "loose"}
     assert client.post("/v1/query", json=bad_option).json() == single.post("/v1/query", json=bad_option).json()
