@@ -45,7 +45,10 @@ class Postprocessor:
                 q.logits.append(logits.sampling[row].clone())
             record_sampled(q, logits.sampling[row], token, self.texts)
             reason = self._stop_reason(q, token)
-            if reason:
+            if q.grammar is not None and q.grammar.error:  # never expected: the mask allowed only what it accepts
+                self.scheduler.finish(q, "error", "error", f"structured output failed: {q.grammar.error}")
+                self.complete(q)
+            elif reason:
                 self.scheduler.finish(q, reason)
                 self.complete(q)
             else:

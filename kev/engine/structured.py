@@ -68,7 +68,7 @@ class GrammarCompiler:
     def start(self, grammar: str) -> ChannelGrammar:
         """A fresh matcher at the grammar's start: one per question, so per channel."""
         return ChannelGrammar(llguidance.LLMatcher(self.lltokenizer, grammar, limits=llguidance.LLParserLimits(**_LIMITS)),
-                              self.vocab_size)
+                              self.vocab_size, self.eos_token_ids)
 
     def _check(self, grammar: str) -> str:
         limits = llguidance.LLParserLimits(**_LIMITS)
@@ -124,15 +124,18 @@ def grammar_of(spec: Any, where: str) -> str:
 class ChannelGrammar:
     """One channel's grammar state: which tokens may come next, advanced by the channel's own tokens."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
-        self.matcher, self.vocab_size = matcher, vocab_size
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
         self._bitmask = llg_numpy.allocate_token_bitmask(1, vocab_size)  # [1, ceil(vocab / 32)] int32
 
     def allowed(self) -> torch.Tensor:
         """[vocab] bool: the tokens the grammar accepts next."""
         llg_numpy.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
         bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self.vocab_size]
-        return torch.from_numpy(bits.astype(bool))
+        allowed = torch.from_numpy(bits.astype(bool))
+        if not allowed.any():  # a matcher in error allows nothing: end the answer rather than sample from all -inf
+            allowed[self.eos_token_ids] = True
+        return allowed
 
     def constrain(self, row: torch.Tensor) -> torch.Tensor:
         """A copy of the logits row with every token the grammar forbids at -inf."""

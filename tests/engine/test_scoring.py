@@ -152,3 +152,16 @@ def test_schema_compilation_has_a_time_limit(engine):
         release.set()
     assert compiler.compile({"json": PERSON}, "response_format").grammar  # a real compile is well inside a limit
 
+
+
+def test_a_broken_grammar_ends_its_own_question_only(make_engine):
+    """If a channel's matcher fails, that question ends in error; the step and its neighbours go on."""
+    engine = make_engine(background=False)  # no step runs before the test breaks the matcher
+    rid = engine.submit([FREE[0], {"text": "Is water wet?", "structured_outputs": {"choice": ["yes", "no"]}}],
+                        max_tokens=8, timeout_ms=600_000)
+    broken = engine.requests[rid].questions[1]
+    broken.grammar.matcher.consume_token(engine.tokenizer.encode("zzz")[0])  # not allowed: the matcher errs
+    results = engine.wait(rid, timeout=600)
+    assert results[1].status == "error" and "structured output failed" in results[1].error
+    alone = solo(engine, FREE[0], max_tokens=8)
+    assert results[0].status == "ok" and results[0].token_ids == alone.token_ids
