@@ -1,6 +1,7 @@
 """Kev results and stream events in OpenAI's shapes (responses, stream chunks, usage)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,18 +28,19 @@ class Reply:
     def object(self) -> str:
         return "chat.completion" if self.kind == "chat" else "text_completion"
 
-    def response(self, results: list[Result]) -> ChatCompletion | Completion:
+    def response(self, results: list[Result], usage: Usage | None = None) -> ChatCompletion | Completion:
         fingerprint = results[0].numerics_fingerprint if results else None
+        usage = usage or self.usage(results)
         if self.kind == "chat":
             chat = [ChatChoice(index=r.index, message=ChatMessageOut(content=r.text), finish_reason=finish_reason(r),
                                logprobs=self._chat_logprobs(r.logprobs or []))
                     for r in results]
             return ChatCompletion(id=self.id, created=self.created, model=self.model, system_fingerprint=fingerprint,
-                                  choices=chat, usage=self.usage(results))
+                                  choices=chat, usage=usage)
         text = [CompletionChoice(index=r.index, text=self._prompt_text(r) + r.text, finish_reason=finish_reason(r),
                                  logprobs=self._text_logprobs(self._scored(r))) for r in results]
         return Completion(id=self.id, created=self.created, model=self.model, system_fingerprint=fingerprint,
-                          choices=text, usage=self.usage(results))
+                          choices=text, usage=usage)
 
     def _prompt_text(self, result: Result) -> str:
         return self.echo[result.index // self.n] if self.echo is not None else ""
@@ -108,6 +110,16 @@ class Reply:
             choice = {"index": event.index, "text": event.text, "finish_reason": None,
                       "logprobs": self._text_logprobs(event.logprobs)}
         return self.chunk([choice])
+
+
+def best_of(results: list[Result], candidates: int, keep: int) -> list[Result]:
+    """OpenAI's best_of: per prompt, the `keep` candidates with the highest total logprob, re-indexed 0..keep-1."""
+    chosen: list[Result] = []
+    for prompt in sorted({r.index // candidates for r in results}):
+        group = sorted((r for r in results if r.index // candidates == prompt),
+                       key=lambda r: (-sum(e["logprob"] for e in r.logprobs or []), r.index))
+        chosen += [dataclasses.replace(r, index=prompt * keep + rank) for rank, r in enumerate(group[:keep])]
+    return chosen
 
 
 def finish_reason(result: Result) -> Literal["stop", "length"]:

@@ -1,7 +1,7 @@
 """OpenAI-compatible bodies (/v1/chat/completions, /v1/completions, /v1/models).
 
 Unknown parameters are ignored, as OpenAI-compatible servers do; parameters Kev cannot
-honour (tools, logit_bias, penalties, suffix, best_of > n) are refused by name rather than
+honour (tools, logit_bias, penalties, suffix) are refused by name rather than
 silently dropped (UNSUPPORTED).
 """
 from __future__ import annotations
@@ -76,7 +76,8 @@ class _Sampling(_OpenAIBody):
     top_k: int | None = Field(None, ge=0)
     isolation: Literal["strict", "shared", "loose"] | None = None
     timeout_ms: int | None = Field(None, ge=1)
-    best_of: int | None = Field(None, ge=1, description="only equal to n (candidates are not ranked)")
+    best_of: int | None = Field(None, ge=1, le=128, description="candidates per prompt (each its own channel); "
+                                "the n with the highest total logprob are answered")
     # Structured output, per choice (each choice is its own channel with its own grammar state)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: one of json, json_object, regex, choice, grammar")
@@ -90,9 +91,15 @@ class _Sampling(_OpenAIBody):
         for name, allowed in UNSUPPORTED.items():
             if name in extra and extra[name] not in allowed:
                 raise ApiError(422, f"{name}: not supported by Kev (refused rather than ignored)", name)
-        if self.best_of is not None and self.best_of != self.n:
-            raise ApiError(422, f"best_of: only best_of == n ({self.n}) is supported; Kev does not rank candidates",
-                           "best_of")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ApiError(422, f"best_of: must be at least n ({self.n}), got {self.best_of}", "best_of")
+        if self.num_candidates > self.n and self.stream:
+            raise ApiError(422, "best_of: not supported together with stream (as OpenAI)", "best_of")
+
+    @property
+    def num_candidates(self) -> int:
+        """Channels per prompt: best_of candidates, of which the n most likely are answered."""
+        return self.best_of or self.n
 
     def structure(self) -> tuple[str | None, dict[str, Any] | None]:
         """(the body field that set it, the engine's structured_outputs), at most one source."""

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kev.aggregator.result import Result
 from kev.server.errors import ApiError, error_body, error_responses
-from kev.server.openai_format import Reply
+from kev.server.openai_format import Reply, best_of
 from kev.server.openai_models import ChatCompletion, ChatCompletionBody, Completion, CompletionBody, ModelCard, ModelList
 from kev.server.registry import Tracked
 from kev.server.routes_kev import get_service
@@ -35,15 +35,15 @@ async def models(service: KevService = Depends(get_service)) -> ModelList:
              summary="OpenAI chat completions; n choices run as n channels")
 async def chat_completions(body: ChatCompletionBody, request: Request,
                            service: KevService = Depends(get_service)) -> Response:
-    _check_common(service, body.model, body.n, body.max_completion_tokens or body.max_tokens, body.timeout_ms)
+    _check_common(service, body.model, body.num_candidates, body.max_completion_tokens or body.max_tokens, body.timeout_ms)
     body.check_supported()
     messages = [m.to_engine() for m in body.messages]
     service.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
-    queries = [{"messages": messages, **_seed(body.choice_seed(j))} for j in range(body.n)]
-    reply = Reply("chat", "", int(time.time()), service.model_name, body.n, logprobs=bool(body.logprobs))
+    queries = [{"messages": messages, **_seed(body.choice_seed(j))} for j in range(body.num_candidates)]
+    reply = Reply("chat", "", int(time.time()), service.model_name, body.num_candidates, logprobs=bool(body.logprobs))
     options = {**body.engine_options(body.max_completion_tokens or body.max_tokens), **body.logprob_options()}
-    return await _answer(service, request, reply, queries, options, body.stream, body.include_usage, "chat",
-                         body.structure()[0])
+    return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
+                         body.include_usage, "chat", body.structure()[0], keep=body.n)
 
 
 @router.post("/v1/completions", response_model=Completion, responses={**SSE_RESPONSE, **_ERRORS},
@@ -51,18 +51,23 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
 async def completions(body: CompletionBody, request: Request, service: KevService = Depends(get_service)) -> Response:
     prompts = body.prompts
     max_tokens = body.max_tokens if body.max_tokens is not None else min(COMPLETION_MAX_TOKENS, service.limits.max_tokens_cap)
-    _check_common(service, body.model, len(prompts) * body.n, max_tokens, body.timeout_ms)
+    _check_common(service, body.model, len(prompts) * body.num_candidates, max_tokens, body.timeout_ms)
     body.check_supported()
     for i, prompt in enumerate(prompts):
         service.limits.check_chars(len(prompt), "prompt" if body.is_single else f"prompt[{i}]")
     queries = [{"prompt" if isinstance(p, str) else "prompt_ids": p, **_seed(body.choice_seed(j))}
-               for p in prompts for j in range(body.n)]
+               for p in prompts for j in range(body.num_candidates)]
     options = {**body.engine_options(max_tokens), **body.logprob_options(max_tokens)}
     echo = tuple(p if isinstance(p, str) else service.tokenizer().decode(p, skip_special_tokens=False)
                  for p in prompts) if body.echo else None
-    reply = Reply("text", "", int(time.time()), service.model_name, body.n, body.logprobs is not None, echo)
-    return await _answer(service, request, reply, queries, options, body.stream, body.include_usage, "completion",
-                         body.structure()[0], body.is_single)
+    reply = Reply("text", "", int(time.time()), service.model_name, body.num_candidates, body.logprobs is not None, echo)
+    return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
+                         body.include_usage, "completion", body.structure()[0], body.is_single, keep=body.n)
+
+
+def _ranked(options: dict[str, Any], candidates: int, keep: int) -> dict[str, Any]:
+    """best_of > n ranks candidates by total logprob, so every candidate records its tokens' logprobs."""
+    return {"logprobs": 0, **options} if candidates > keep else options
 
 
 def _check_common(service: KevService, model: str, num_questions: int, max_tokens: int | None, timeout_ms: int | None) -> None:
@@ -79,7 +84,7 @@ def _seed(seed: int | None) -> dict[str, int]:
 
 async def _answer(service: KevService, request: Request, reply: Reply, queries: list[Any], options: dict[str, Any],
                   stream: bool, include_usage: bool, api: str, structure_field: str | None = None,
-                  single_prompt: bool = False) -> Response:
+                  single_prompt: bool = False, keep: int | None = None) -> Response:
     tracked = await service.submit(queries, options, api, listen=stream)
     prefix = "chatcmpl-" if reply.kind == "chat" else "cmpl-"
     reply = dataclasses.replace(reply, id=prefix + tracked.request_id)
@@ -100,7 +105,10 @@ async def _answer(service: KevService, request: Request, reply: Reply, queries: 
     failed = next((r for r in results if r.status == "error"), None)
     if failed is not None:
         raise ApiError(500, f"the engine failed: {failed.error}", None, "server_error")
-    return JSONResponse(reply.response(results).model_dump())
+    usage = reply.usage(results)  # every candidate's tokens count, as OpenAI bills best_of
+    if keep is not None and keep < reply.n:
+        results, reply = best_of(results, reply.n, keep), dataclasses.replace(reply, n=keep)
+    return JSONResponse(reply.response(results, usage).model_dump())
 
 
 def _refuse_bad_prompts(results: list[Result], reply: Reply, structure_field: str | None, single_prompt: bool) -> None:

@@ -149,7 +149,8 @@ def test_invalid_schema_is_a_400_naming_response_format(client: openai.OpenAI, r
 @pytest.mark.parametrize("extra, field", [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
     ({"logit_bias": {"50": 5}}, "logit_bias"), ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"frequency_penalty": 1.0}, "frequency_penalty"), ({"best_of": 3}, "best_of"),
+    ({"frequency_penalty": 1.0}, "frequency_penalty"), ({"best_of": 1, "n": 2}, "best_of"),
+    ({"best_of": 3, "stream": True}, "best_of"),
     ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_choice"),
 ])
@@ -171,3 +172,14 @@ def test_no_op_values_of_unsupported_fields_are_accepted(client: openai.OpenAI) 
                                                 presence_penalty=0, frequency_penalty=0, n=2,
                                                 extra_body={"best_of": 2})
     assert len(completion.choices) == 2
+
+
+def test_best_of_answers_the_most_likely_candidates(client: openai.OpenAI) -> None:
+    """best_of 4, n 2: the same four seeded candidates as n 4, of which the two with the highest total logprob."""
+    args = {"model": MODEL, "prompt": "My favourite colour is", "max_tokens": 4, "temperature": 1.0, "seed": 7}
+    every = client.completions.create(n=4, logprobs=0, **args)
+    ranked = sorted(every.choices, key=lambda c: (-sum(c.logprobs.token_logprobs), c.index))
+    best = client.completions.create(n=2, extra_body={"best_of": 4}, **args)
+    assert [c.text for c in best.choices] == [c.text for c in ranked[:2]]
+    assert [c.index for c in best.choices] == [0, 1] and all(c.logprobs is None for c in best.choices)
+    assert best.usage.completion_tokens == every.usage.completion_tokens  # every candidate counts
