@@ -22,7 +22,7 @@ from kev.isolation.memory_plan import kv_pool_blocks
 from kev.isolation.prefix_store import PrefixStore
 from kev.model.kernels import load_cpu_kernels
 from kev.model.llama import LlamaModel
-from kev.model.model_store import cache_dir, resolve_model_path
+from kev.model.model_store import cache_root, resolve_model_path
 from kev.model.row_invariance import probe as probe_rows
 from kev.model.tokenizer import Tokenizer
 from kev.model.weights import load_model
@@ -66,12 +66,13 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
     model.prepack(config.router.max_parallel_queries)
     param = next(model.parameters())
     if core.attention == "auto" and param.device.type == "cpu":
-        model.use_decode_kernel(load_cpu_kernels(cache_dir()))
+        model.use_decode_kernel(load_cpu_kernels(cache_root()))
     fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
     if core.row_plan == "tiles" or not core.batch_invariant:
         return fixed
-    verdict = probe_rows(model.row_multiplies(), core.max_step_tokens, param.dtype, param.device,
-                         cache_dir() / "probes", model.kernel_identity())
+    max_samples = max(config.router.max_parallel_queries, 2)
+    verdict = probe_rows(model.row_multiplies(core.max_step_tokens, max_samples), param.dtype, param.device,
+                         cache_root() / "probes", model.kernel_identity())
     if not verdict.free_rows:
         return fixed
     return replace(fixed, free_rows=True, min_rows=verdict.min_rows)
