@@ -67,6 +67,7 @@ def main() -> None:
     per_token_us = (mask.seconds + advance.seconds) / constrained_tokens * 1e6
     print(json.dumps({
         "machine": f"{platform.machine()}, {torch.get_num_threads()} thread(s), torch {torch.__version__}",
+        "dtype": str(engine.runner.dtype), "numerics_fingerprint": engine.runner.fingerprint,
         "batch": len(QUESTIONS), "constrained": len(QUESTIONS) // 2, "constrained_tokens": constrained_tokens,
         "valid_json": f"{valid}/{len(QUESTIONS) // 2}",
         "grammar_us_per_constrained_token": round(per_token_us, 1),
