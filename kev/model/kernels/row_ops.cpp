@@ -11,6 +11,10 @@
 
 namespace {
 
+// Rows per task: a decode step's few rows run on one thread (a parallel region costs more than
+// the work, and much more when another process holds the other core); prefill rows split.
+constexpr int64_t kRowGrain = 32;
+
 template <typename T>
 inline float to_f(T v) { return static_cast<float>(v); }
 
@@ -37,7 +41,7 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, at::Tensor& ou
   const T* xp = x.data_ptr<T>();
   const T* wp = weight.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* row = xp + r * width;
       float lanes[16] = {0.0f};
@@ -69,7 +73,7 @@ void rope_rows(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, co
   const T* cp = cos.data_ptr<T>();
   const T* sp = sin.data_ptr<T>();
   const int64_t* pos = positions.data_ptr<int64_t>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* c = cp + pos[r] * dim;
       const T* s = sp + pos[r] * dim;
@@ -98,7 +102,7 @@ void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
   const int64_t rows = gate_up.size(0), width = out.size(1);
   const T* gp = gate_up.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gp + r * 2 * width;
       const T* u = g + width;
