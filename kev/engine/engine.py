@@ -86,20 +86,23 @@ class Engine:
                top_k: int | None = None, seed: int | None = None, stop: list[str] | str | None = None,
                timeout_ms: int | None = None, system: str | None = None, ignore_eos: bool | None = None,
                logprobs: int | None = None, prompt_logprobs: bool | None = None,
-               structured_outputs: dict[str, Any] | None = None) -> str:
+               structured_outputs: dict[str, Any] | None = None, logit_bias: dict[Any, float] | None = None,
+               presence_penalty: float | None = None, frequency_penalty: float | None = None) -> str:
         """Route the questions to channels; returns a request_id. Bad questions become error results.
 
         logprobs=k: each new token's logprob and its k most likely alternatives; prompt_logprobs:
         every prompt token's too (then max_tokens may be 0: score only). Both are of the model's
         distribution before temperature, top-k/top-p and any grammar. structured_outputs: one of
         json / json_object / regex / choice / grammar (kev.engine.structured), per question too.
+        logit_bias / presence_penalty / frequency_penalty: as OpenAI's, applied to the question's own row.
 
         When no channel can take a question, router.overflow_policy decides: `wait` blocks
         here (OverflowTimeoutError after the question's timeout_ms), `queue` and `reject`
         return at once or raise RejectedError."""
         sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                     "seed": seed, "stop": stop, "ignore_eos": ignore_eos, "logprobs": logprobs,
-                    "prompt_logprobs": prompt_logprobs, "structured_outputs": structured_outputs}
+                    "prompt_logprobs": prompt_logprobs, "structured_outputs": structured_outputs,
+                    "logit_bias": logit_bias, "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
         options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")

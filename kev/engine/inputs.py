@@ -12,7 +12,7 @@ from typing import Any
 from kev.engine.question import SamplingParams
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "logprobs",
-                   "prompt_logprobs")
+                   "prompt_logprobs", "logit_bias", "presence_penalty", "frequency_penalty")
 OVERRIDES = {*SAMPLING_FIELDS, "timeout_ms", "priority", "structured_outputs"}
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI caps top_logprobs
 CONTENT_KEYS = ("text", "messages", "prompt", "prompt_ids")
@@ -129,7 +129,25 @@ def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, wh
         raise QuestionError(f"{where}stop: must be a non-empty string or a list of them")
     if not isinstance(ignore_eos, bool):
         raise QuestionError(f"{where}ignore_eos: must be true or false, got {ignore_eos!r}")
-    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos, logprobs, prompt_logprobs)
+    presence = _number(pick("presence_penalty"), f"{where}presence_penalty", -2.0, 2.0)
+    frequency = _number(pick("frequency_penalty"), f"{where}frequency_penalty", -2.0, 2.0)
+    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos, logprobs, prompt_logprobs,
+                          _logit_bias(pick("logit_bias"), f"{where}logit_bias"), presence, frequency)
+
+
+def _logit_bias(value: Any, where: str) -> tuple[tuple[int, float], ...]:
+    """{token id (an int or its decimal string, as OpenAI's JSON has it): bias in [-100, 100]}."""
+    if isinstance(value, tuple):
+        return value
+    if not isinstance(value, dict):
+        raise QuestionError(f"{where}: must be an object mapping token ids to biases")
+    pairs = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else key
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise QuestionError(f"{where}: key {key!r} is not a token id")
+        pairs.append((token, _number(bias, f"{where}[{key!r}]", -100.0, 100.0)))
+    return tuple(sorted(pairs))
 
 
 def _text(value: Any, where: str) -> str:

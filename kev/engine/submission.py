@@ -80,6 +80,7 @@ def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, 
             normalized = normalize_question(spec, router.normalizer)
             prompt_ids = tokenize_question(spec, tokenizer, index, config.core.max_context, vocab_size)
             grammar = _compile(spec, grammars, index)
+            _check_bias(spec, index, vocab_size)
         except QuestionError as err:
             errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
                                  isolation=options.isolation, original_text=raw if isinstance(raw, str) else None,
@@ -89,6 +90,13 @@ def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, 
         read.append(ReadQuestion(index, raw, spec, prompt_ids, normalized, router.describe(text, len(prompt_ids)),
                                  grammar))
     return read, errors
+
+
+def _check_bias(spec: QuestionSpec, index: int, vocab_size: int) -> None:
+    outside = next((t for t, _ in spec.sampling.logit_bias if t >= vocab_size), None)
+    if outside is not None:
+        raise QuestionError(f"queries[{index}].logit_bias: token id {outside} is outside the vocabulary "
+                            f"(0..{vocab_size - 1})")
 
 
 def _compile(spec: QuestionSpec, grammars: GrammarCompiler | None, index: int) -> CompiledGrammar | None:

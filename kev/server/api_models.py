@@ -67,6 +67,9 @@ class _Sampling(_Body):
                                  "(the model's distribution before temperature, top-k/top-p and grammar)")
     prompt_logprobs: bool | None = Field(None, description="also every prompt token's logprob (the first is null)")
     structured_outputs: StructuredOutputs | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(None, description="token id -> bias")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     temperature: Temperature = None
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)

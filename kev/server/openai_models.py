@@ -1,7 +1,7 @@
 """OpenAI-compatible bodies (/v1/chat/completions, /v1/completions, /v1/models).
 
 Unknown parameters are ignored, as OpenAI-compatible servers do; parameters Kev cannot
-honour (tools, logit_bias, penalties, suffix) are refused by name rather than
+honour (tools, repetition_penalty, suffix, …) are refused by name rather than
 silently dropped (UNSUPPORTED).
 """
 from __future__ import annotations
@@ -18,8 +18,7 @@ TokenId = Annotated[int, Field(ge=0)]
 # Accepted with their no-op value (what clients send by default); anything else is refused by name.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-    "parallel_tool_calls": (None, False, True), "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0), "suffix": (None, ""),
+    "parallel_tool_calls": (None, False, True), "repetition_penalty": (None, 1, 1.0), "suffix": (None, ""),
     "min_tokens": (None, 0), "min_p": (None, 0, 0.0), "audio": (None,), "modalities": (None, ["text"]),
     "prediction": (None,), "guided_whitespace_pattern": (None,), "guided_decoding_backend": (None,),
 }
@@ -76,6 +75,10 @@ class _Sampling(_OpenAIBody):
     top_k: int | None = Field(None, ge=0)
     isolation: Literal["strict", "shared", "loose"] | None = None
     timeout_ms: int | None = Field(None, ge=1)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="token id -> bias added to its logit, in this choice's channel only")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     best_of: int | None = Field(None, ge=1, le=128, description="candidates per prompt (each its own channel); "
                                 "the n with the highest total logprob are answered")
     # Structured output, per choice (each choice is its own channel with its own grammar state)
@@ -134,7 +137,8 @@ class _Sampling(_OpenAIBody):
         _, structured = self.structure()
         options = {"max_tokens": max_tokens, "temperature": 1.0 if self.temperature is None else self.temperature,
                    "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop, "isolation": self.isolation,
-                   "timeout_ms": self.timeout_ms, "structured_outputs": structured}
+                   "timeout_ms": self.timeout_ms, "structured_outputs": structured, "logit_bias": self.logit_bias or None,
+                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
         return {key: value for key, value in options.items() if value is not None}
 
     def choice_seed(self, choice: int) -> int | None:

@@ -121,6 +121,8 @@ def _refuse_bad_prompts(results: list[Result], reply: Reply, structure_field: st
     field = "messages" if reply.kind == "chat" else "prompt" if single_prompt else f"prompt[{failed.index // reply.n}]"
     if structure_field is not None and ".structured_outputs" in error.split(":", 1)[0]:
         field = structure_field
+    elif ".logit_bias" in error.split(":", 1)[0]:
+        field = "logit_bias"
     elif (token := _TOKEN_INDEX.match(error)) is not None and reply.kind == "text":
         field += f"[{token.group(1)}]"  # the position of the id outside the vocabulary
     message = _QUESTION_PREFIX.sub("", error)

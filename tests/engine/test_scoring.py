@@ -165,3 +165,24 @@ def test_a_broken_grammar_ends_its_own_question_only(make_engine):
     assert results[1].status == "error" and "structured output failed" in results[1].error
     alone = solo(engine, FREE[0], max_tokens=8)
     assert results[0].status == "ok" and results[0].token_ids == alone.token_ids
+
+
+def test_logit_bias_and_penalties_act_on_their_own_channel_only(engine):
+    forced = engine.tokenizer.encode(" banana")[0]
+    biased = {"text": "Name a colour.", "logit_bias": {str(forced): 100}, "max_tokens": 3, "ignore_eos": True}
+    penalised = {"prompt": "1, 1, 1, 1, 1, 1,", "presence_penalty": 2.0, "frequency_penalty": 2.0, "max_tokens": 6}
+    results = engine.generate([FREE[1], biased, penalised, FREE[0]], max_tokens=MAX_TOKENS, logprobs=1, timeout=600)
+    assert results[1].token_ids == [forced] * 3
+    raw = torch.log_softmax(results[1].logits[0], -1)  # the recorded logits are the model's, before the bias
+    assert results[1].logprobs[0]["logprob"] == float(raw[forced])  # logprobs stay the model's own
+    plain = solo(engine, {**penalised, "presence_penalty": 0.0, "frequency_penalty": 0.0})
+    assert results[2].token_ids != plain.token_ids
+    assert results[2].token_ids == solo(engine, penalised).token_ids
+    for i, text in ((0, FREE[1]), (3, FREE[0])):
+        alone = solo(engine, text, max_tokens=MAX_TOKENS, logprobs=1)
+        assert results[i].token_ids == alone.token_ids and torch.equal(results[i].logits, alone.logits)
+    bad = engine.generate([{"text": "a", "logit_bias": {"99999999": 1}}, {"text": "a", "logit_bias": {"5": 101}},
+                           {"text": "a", "presence_penalty": 3}], timeout=60)
+    assert bad[0].error.startswith("queries[0].logit_bias: token id 99999999 is outside the vocabulary")
+    assert bad[1].error.startswith("queries[1].logit_bias['5']: must be a number in [-100.0, 100.0]")
+    assert bad[2].error.startswith("queries[2].presence_penalty: must be a number in [-2.0, 2.0]")

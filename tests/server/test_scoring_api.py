@@ -148,8 +148,8 @@ def test_invalid_schema_is_a_400_naming_response_format(client: openai.OpenAI, r
 
 @pytest.mark.parametrize("extra, field", [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"logit_bias": {"50": 5}}, "logit_bias"), ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"frequency_penalty": 1.0}, "frequency_penalty"), ({"best_of": 1, "n": 2}, "best_of"),
+    ({"logit_bias": {"99999999": 5}}, "logit_bias"), ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"repetition_penalty": 1.2}, "repetition_penalty"), ({"best_of": 1, "n": 2}, "best_of"),
     ({"best_of": 3, "stream": True}, "best_of"),
     ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_choice"),
@@ -183,3 +183,13 @@ def test_best_of_answers_the_most_likely_candidates(client: openai.OpenAI) -> No
     assert [c.text for c in best.choices] == [c.text for c in ranked[:2]]
     assert [c.index for c in best.choices] == [0, 1] and all(c.logprobs is None for c in best.choices)
     assert best.usage.completion_tokens == every.usage.completion_tokens  # every candidate counts
+
+
+def test_logit_bias_and_penalties(client: openai.OpenAI, http: httpx.Client) -> None:
+    forced = tokenize(http, " banana")[0]
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a colour."}],
+                                          max_tokens=3, temperature=0, logit_bias={str(forced): 100})
+    assert chat.choices[0].message.content == " banana" * 3
+    args = {"model": MODEL, "prompt": "1, 1, 1, 1, 1, 1,", "max_tokens": 6, "temperature": 0}
+    plain, penalised = client.completions.create(**args), client.completions.create(frequency_penalty=2.0, presence_penalty=2.0, **args)
+    assert plain.choices[0].text != penalised.choices[0].text
