@@ -8,7 +8,6 @@ Every number comes from one question's own row, so it is the same bits in a batc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -58,17 +57,22 @@ class TokenTexts:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self._byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
-        self.text = lru_cache(maxsize=65536)(self._text)
-        self.bytes = lru_cache(maxsize=65536)(self._bytes)
+        self._texts: dict[int, str] = {}  # per token id; the vocabulary bounds them
+        self._bytes: dict[int, tuple[int, ...]] = {}
 
-    def _text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+    def text(self, token_id: int) -> str:
+        if token_id not in self._texts:
+            self._texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return self._texts[token_id]
 
-    def _bytes(self, token_id: int) -> tuple[int, ...]:
-        piece = self.tokenizer.id_to_token(token_id)
-        if piece is not None and all(ch in self._byte_of for ch in piece) and not self.tokenizer.is_special(token_id):
-            return tuple(self._byte_of[ch] for ch in piece)  # byte-level BPE: one character per byte
-        return tuple(self._text(token_id).encode("utf-8"))
+    def bytes(self, token_id: int) -> tuple[int, ...]:
+        if token_id not in self._bytes:
+            piece = self.tokenizer.id_to_token(token_id)
+            if piece is not None and all(ch in self._byte_of for ch in piece) and not self.tokenizer.is_special(token_id):
+                self._bytes[token_id] = tuple(self._byte_of[ch] for ch in piece)  # byte-level BPE: a character a byte
+            else:
+                self._bytes[token_id] = tuple(self.text(token_id).encode("utf-8"))
+        return self._bytes[token_id]
 
 
 def token_logprob(logprobs: torch.Tensor, token_id: int, top: int, texts: TokenTexts) -> dict[str, Any]:

@@ -186,3 +186,10 @@ def test_logit_bias_and_penalties_act_on_their_own_channel_only(engine):
     assert bad[0].error.startswith("queries[0].logit_bias: token id 99999999 is outside the vocabulary")
     assert bad[1].error.startswith("queries[1].logit_bias['5']: must be a number in [-100.0, 100.0]")
     assert bad[2].error.startswith("queries[2].presence_penalty: must be a number in [-2.0, 2.0]")
+
+
+def test_logprob_bytes_rebuild_the_text_even_across_split_characters(engine):
+    result = solo(engine, {"prompt": "中国的首都是北京。日本的首都是"}, max_tokens=8, logprobs=0)
+    eos = set(engine.tokenizer.eos_token_ids)
+    joined = b"".join(bytes(e["bytes"]) for e in result.logprobs if e["token_id"] not in eos)
+    assert joined.decode("utf-8", "replace") == result.text and any(ord(ch) > 0x2E80 for ch in result.text)
