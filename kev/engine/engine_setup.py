@@ -79,7 +79,7 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
                          cache_root() / "probes", model.kernel_identity())
     if not verdict.free_rows:
         return fixed
-    return replace(fixed, free_rows=True, min_rows=verdict.min_rows)
+    return replace(fixed, free_rows=True, min_rows=verdict.min_rows, max_sample_rows=max_samples)
 
 
 def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: Tokenizer | None = None) -> EngineParts:

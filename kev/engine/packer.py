@@ -26,6 +26,7 @@ class TilePlan:
     invariant: bool = True  # False: the whole step is one GEMM (for measuring what invariance costs)
     free_rows: bool = False  # the probe proved one GEMM per step invariant: no tiles at all
     min_rows: int = 1  # free rows: pad a GEMM to at least this many rows
+    max_sample_rows: int = 0  # free rows: the most lm_head rows the probe verified in one GEMM (0: no limit)
 
     @property
     def is_one_gemm(self) -> bool:
@@ -42,7 +43,12 @@ class TilePlan:
         return [max(num_rows, self.min_rows)]
 
     def for_samples(self, num_rows: int) -> list[int]:
-        return self.for_step(num_rows) if self.is_one_gemm else self.for_decode(num_rows)
+        """lm_head tiles: one GEMM up to the verified limit (more rows than that come with prompt logprobs)."""
+        if not self.is_one_gemm:
+            return self.for_decode(num_rows)
+        limit = self.max_sample_rows or max(num_rows, 1)
+        full, rest = divmod(num_rows, limit)
+        return [limit] * full + (self.for_step(rest) if rest or not full else [])
 
     def for_chunk(self, length: int) -> list[int]:
         """Big tiles, then one tile (small, 2×small, … up to big) for the rest: one padded
