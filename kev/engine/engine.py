@@ -26,7 +26,7 @@ from kev.engine.packer import pack
 from kev.engine.postprocess import Postprocessor
 from kev.engine.request import Request, StreamEvent
 from kev.engine.sampler import sample
-from kev.engine.stats import EngineStats
+from kev.engine.stats import EngineLoad, EngineStats
 from kev.engine.submission import SubmitOptions, build_questions
 from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnknownRequestError
 from kev.isolation.audit import Alert, AuditLog
@@ -226,6 +226,13 @@ class Engine:
     def queue_length(self) -> int:
         with self._lock:
             return len(self.scheduler.waiting())
+
+    def load(self) -> EngineLoad:
+        """Questions running and waiting, KV blocks in use, loose prefix-cache lookups (for /metrics and logs)."""
+        with self._lock:
+            blocks, store = self.parts.blocks, self.scheduler.prefixes.store
+            return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting()), blocks.num_used_blocks,
+                              blocks.num_blocks, store.num_loose_queries, store.num_loose_hits)
 
     def run_until_idle(self) -> None:
         while self.scheduler.has_work():

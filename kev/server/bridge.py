@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from kev.aggregator.result import Result
 from kev.engine.engine import Engine
-from kev.engine.stats import EngineStats
+from kev.engine.stats import EngineLoad, EngineStats
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
@@ -74,9 +74,13 @@ class EngineBridge:
     async def stats(self) -> EngineStats:
         return self.engine.stats
 
+    async def load(self) -> EngineLoad:
+        return await self.run(self.engine.load)
+
     async def refresh_metrics(self) -> None:
         states, queue_length = await self.channels()
-        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, dict(self.engine.audit.alert_counts))
+        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, dict(self.engine.audit.alert_counts),
+                             await self.load())
 
     def watch(self, request_id: str, num_questions: int, listen: bool) -> Watch:
         loop = asyncio.get_running_loop()

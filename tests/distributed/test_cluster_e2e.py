@@ -20,7 +20,7 @@ QUESTIONS = [f"Question {i}: what is {i} plus {i + 1}?" for i in range(12)] + [
     "What is the capital of France?", "Say hi.", "Name a colour.", "Name a fruit.", "什么是KV Cache?", "写一句诗",
     [{"role": "user", "content": "Count to three."}], {"prompt": "The sky is", "max_tokens": 5},
     {"text": "Explain batching in one line.", "priority": 3}, "Hello!", "What day is it?", "2+2=?"]
-VOLATILE = {"request_id", "channel_id", "elapsed_ms", "started_at", "finished_at", "queue_ms", "worker", "rerouted"}
+VOLATILE = {"request_id", "channel_id", "elapsed_ms", "started_at", "finished_at", "queue_ms", "ttft_ms", "tpot_ms", "worker", "rerouted"}
 LONG = {"prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 200}
 
 
