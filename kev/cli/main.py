@@ -6,6 +6,8 @@ import importlib
 import logging
 import sys
 
+from kev.cli.logs import setup_logging
+
 # name -> (module, one-line help). A module that is not there (an optional part) is skipped.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("kev.cli.run_cmd", "answer questions in one engine run and print the channel table"),
@@ -40,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(logging.INFO if args.verbose else logging.WARNING, getattr(args, "log_format", "text"))
+    if hasattr(args, "log_level"):  # serve, worker, aggregator: their own level for Kev's loggers
+        logging.getLogger("kev").setLevel(args.log_level.upper())
     from kev.errors import KevError
 
     try:

@@ -190,6 +190,12 @@ class ReplicaEngine:
     def queue_length(self) -> int:
         return sum(replica.queue_length() for replica in self.replicas)
 
+    def describe(self) -> dict[str, Any]:
+        first = self.replicas[0].describe()
+        kv = {k: sum(r.describe()[k] for r in self.replicas) for k in ("kv_blocks", "kv_tokens", "kv_bytes")}
+        return {**first, **kv, "device": ",".join(self.devices), "replicas": len(self.replicas),
+                "max_parallel": first["max_parallel"] * len(self.replicas)}
+
     def load(self) -> EngineLoad:
         return sum((replica.load() for replica in self.replicas), EngineLoad())
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import Coroutine
@@ -225,6 +226,11 @@ class DistributedBackend:
 
     async def stats(self) -> EngineStats:
         return self.directory.totals()[0]
+
+    def describe(self) -> dict[str, Any]:
+        deploy = self.config.deploy
+        return {"mode": "distributed router", "router": self.router_id, "nats": re.sub(r"//[^@/,]*@", "//", deploy.nats_url or ""),  # never a password
+                "partitions": deploy.num_partitions, "max_parallel_per_worker": self.config.router.max_parallel_queries}
 
     async def load(self) -> EngineLoad:
         """The workers' loads from their heartbeats; questions still in the work stream count as waiting."""

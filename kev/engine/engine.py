@@ -19,7 +19,8 @@ import torch
 from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
-from kev.engine.engine_setup import EngineParts, build_parts
+from kev.engine.describe import describe
+from kev.engine.engine_setup import EngineParts, build_parts, pick_device
 from kev.engine.isolation_guard import IsolationGuard
 from kev.engine.overflow import place_all
 from kev.engine.packer import pack
@@ -226,6 +227,11 @@ class Engine:
     def queue_length(self) -> int:
         with self._lock:
             return len(self.scheduler.waiting())
+
+    def describe(self) -> dict[str, Any]:
+        """Model, architecture, precision, device, threads, pool and KV sizes (the start-up banner)."""
+        return describe(self.config, self.runner.model.config, self.parts.blocks.num_blocks,
+                        str(pick_device(self.config.core.device)), torch.get_num_threads())
 
     def load(self) -> EngineLoad:
         """Questions running and waiting, KV blocks in use, loose prefix-cache lookups (for /metrics and logs)."""

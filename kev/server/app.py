@@ -24,6 +24,7 @@ from kev.server.backend import build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
+from kev.server.oplog import report_stats
 from kev.server.playground import routes as playground
 from kev.server.service import KevService
 
@@ -44,7 +45,11 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
         loader = threading.Thread(target=_load, args=(service, engine_factory, asyncio.get_running_loop(), on_load_failed),
                                   name="kev-load", daemon=True)
         loader.start()
+        interval = config.server.stats_interval_s
+        stats = asyncio.ensure_future(report_stats(lambda: service.backend, interval)) if interval > 0 else None
         yield
+        if stats is not None:
+            stats.cancel()
         await service.shutdown()
 
     app = FastAPI(title="Kev", version=kev.__version__, lifespan=lifespan,

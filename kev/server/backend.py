@@ -51,6 +51,10 @@ class Backend(Protocol):
         """Step counters and the most recent steps (a cluster's steps happen on its workers: counters only)."""
         ...
 
+    def describe(self) -> dict[str, Any]:
+        """What serves: model, precision, device, pool and KV sizes (or the cluster a router feeds): the banner."""
+        ...
+
     async def load(self) -> EngineLoad:
         """Questions running and waiting, KV blocks in use, prefix-cache counters (all engines added up)."""
         ...

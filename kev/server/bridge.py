@@ -74,6 +74,9 @@ class EngineBridge:
     async def stats(self) -> EngineStats:
         return self.engine.stats
 
+    def describe(self) -> dict[str, Any]:
+        return self.engine.describe()
+
     async def load(self) -> EngineLoad:
         return await self.run(self.engine.load)
 
@@ -94,8 +97,7 @@ class EngineBridge:
             for event in self.engine.stream(watch.request_id):
                 if event.result is not None:
                     self.metrics.observe_result(event.result)
-                if watch.events is not None:
-                    watch.post(event)
+                watch.post(event)
         except Exception:
             log.exception("watcher of request %s failed", watch.request_id)
         finally:
