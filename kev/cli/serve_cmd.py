@@ -12,6 +12,7 @@ import sys
 
 from kev.cli.common import add_config_flags, config_from_args
 from kev.cli.logs import add_log_flags
+from kev.errors import KevError
 
 API_KEY_ENV = "KEV_API_KEY"
 # flag -> server.<field>
@@ -49,11 +50,11 @@ def run(args: argparse.Namespace) -> int:
         overrides["deploy"] = {"mode": "distributed", "nats_url": args.nats_url}
     config = config_from_args(args, overrides)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    failed: list[bool] = []
+    failed: list[Exception] = []
     holder: list[uvicorn.Server] = []
 
-    def stop_on_load_failure() -> None:
-        failed.append(True)
+    def stop_on_load_failure(err: Exception) -> None:
+        failed.append(err)
         holder[0].should_exit = True
 
     app = build_app(config, api_key=api_key, on_load_failed=stop_on_load_failure)
@@ -65,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
+    if failed and isinstance(failed[0], KevError):  # a model it cannot run: the same one line as every command
+        print(f"kev serve: {failed[0]}", file=sys.stderr)
+        return 2
     if failed:
         print("kev serve: the model failed to load (see the log above)", file=sys.stderr)
         return 1

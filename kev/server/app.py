@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 import kev
 from kev.config import KevConfig
+from kev.errors import KevError
 from kev.server import routes_kev, routes_ops, routes_openai
 from kev.server.backend import build_backend
 from kev.server.errors import install_handlers
@@ -33,7 +34,7 @@ EngineFactory = Callable[[KevConfig], Any]  # config -> an Engine (or anything w
 
 
 def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory | None = None,
-              on_load_failed: Callable[[], None] | None = None) -> FastAPI:
+              on_load_failed: Callable[[Exception], None] | None = None) -> FastAPI:
     """api_key overrides config.server.api_key; on_load_failed lets the CLI stop the server if the model cannot load.
 
     engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
@@ -79,14 +80,17 @@ def _document_served_model(app: FastAPI, model_name: str) -> None:
 
 
 def _load(service: KevService, factory: EngineFactory | None, loop: asyncio.AbstractEventLoop,
-          on_load_failed: Callable[[], None] | None) -> None:
+          on_load_failed: Callable[[Exception], None] | None) -> None:
     try:
         backend = build_backend(service.config, service.metrics, factory)
     except Exception as err:
-        log.exception("model failed to load")
+        if isinstance(err, KevError):  # a model or config Kev cannot run: one line naming it, no traceback
+            log.error("model failed to load: %s", err)
+        else:
+            log.exception("model failed to load")
         service.load_error = f"{type(err).__name__}: {err}"
         if on_load_failed is not None:
-            loop.call_soon_threadsafe(on_load_failed)
+            loop.call_soon_threadsafe(on_load_failed, err)
         return
     try:
         loop.call_soon_threadsafe(service.attach, backend)
