@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kev.bench.throughput import load_hf_reference, run_throughput
 from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.progress import progress_bar
 from kev.config import load_config
 from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts
@@ -43,14 +44,16 @@ def run(args: argparse.Namespace) -> int:
                                      "core": {"max_context": 1024}})
     # The caller drives the steps (no loop thread), in the thread that runs the serial and HF paths too:
     # a second OpenMP pool makes every GEMM slower on a small CPU (docs/design.md, Known limits).
-    with Engine(config, background=False) as engine:
+    with progress_bar("loading the model") as bar, Engine(config, background=False) as engine:
+        if not args.no_hf:
+            bar("loading the Hugging Face reference", 0, 1)
         hf = None if args.no_hf else load_hf_reference(engine)
         fused = None
         if not args.no_invariance_cost:
             fused_config = load_config(config, {"core": {"batch_invariant": False}})
             fused = Engine(fused_config, build_parts(fused_config, engine.runner.model, engine.tokenizer),
                            background=False)
-        report = run_throughput(engine, sizes, args.max_tokens, hf, fused)
+        report = run_throughput(engine, sizes, args.max_tokens, hf, fused, bar)
         if fused is not None:
             fused.close()
     report = {"model": config.core.model_path, "precision": config.core.precision, "threads": torch.get_num_threads(),
