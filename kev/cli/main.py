@@ -4,8 +4,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import platform
 import sys
 
+from kev import __version__
 from kev.cli.logs import setup_logging
 
 # name -> (module, one-line help). A module that is not there (an optional part) is skipped.
@@ -26,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kev", description="Many questions, one forward pass, isolated channels.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
+    parser.add_argument("--version", action="version", version=f"kev {__version__} (python {platform.python_version()})")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         try:

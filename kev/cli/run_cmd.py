@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -10,10 +12,12 @@ from rich.table import Table
 from kev.aggregator.result import Result
 from kev.cli.common import add_config_flags, config_from_args
 from kev.engine.engine import Engine
+from kev.errors import InvalidRequestError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("queries", nargs="+", help="questions, one argument each")
+    parser.add_argument("queries", nargs="*", help="questions, one argument each; - reads them from stdin, one a line")
+    parser.add_argument("--file", type=Path, help="read questions from this file, one a line (blank lines skipped)")
     add_config_flags(parser)
     parser.add_argument("--max-tokens", type=int, help="new tokens per question")
     parser.add_argument("--temperature", type=float)
@@ -25,10 +29,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per result per line")
 
 
+def read_queries(args: argparse.Namespace) -> list[str]:
+    """The arguments, with `-` standing for stdin's lines, then the lines of --file."""
+    queries: list[str] = []
+    for query in args.queries:
+        queries += _lines(sys.stdin.read()) if query == "-" else [query]
+    if args.file is not None:
+        try:
+            queries += _lines(args.file.read_text(encoding="utf-8"))
+        except OSError as err:
+            raise InvalidRequestError(f"--file {args.file}: {err.strerror or err}") from None
+    if not queries:
+        raise InvalidRequestError("no questions: give them as arguments, with --file, or one a line on stdin with -")
+    return queries
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def run(args: argparse.Namespace) -> int:
+    queries = read_queries(args)
     config = config_from_args(args)
     with Engine(config, background=False) as engine:  # one batch: the caller drives the steps (docs/design.md)
-        results = engine.generate(args.queries, timeout=args.timeout, max_tokens=args.max_tokens,
+        results = engine.generate(queries, timeout=args.timeout, max_tokens=args.max_tokens,
                                   temperature=args.temperature, seed=args.seed, isolation=args.isolation,
                                   system=args.system, timeout_ms=args.timeout_ms)
         steps = engine.num_steps
