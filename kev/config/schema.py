@@ -123,6 +123,8 @@ class AuditConfig(_Section):
 
 class CoreConfig(_Section):
     model_path: str = "smollm2-135m-instruct"
+    # Overrides the model folder's chat template: a file path, or the Jinja template itself.
+    chat_template: str | None = None
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     max_context: int = Field(4096, ge=16)
     device: str = "auto"

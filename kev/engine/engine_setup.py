@@ -54,7 +54,12 @@ def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
     if core.precision == "fp16" and device.type == "cpu":
         raise ConfigError("core.precision: fp16 needs a CUDA device (core.device is cpu); use fp32 or bf16")
     model = load_model(folder, core.precision, device, core.linear_tile, core.max_context)
-    return model, Tokenizer.from_folder(folder)
+    tokenizer = Tokenizer.from_folder(folder, core.chat_template)
+    if not tokenizer.has_chat_template and any(w in f"{core.model_path} {folder.name}".lower() for w in ("instruct", "chat")):
+        log.warning("model %s looks like an instruct model but has no chat template (chat_template.jinja, "
+                    "tokenizer_config.json, chat_template.json): questions go in as raw text; give one with "
+                    "core.chat_template or --chat-template", core.model_path)
+    return model, tokenizer
 
 
 def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: Tokenizer | None = None) -> EngineParts:
