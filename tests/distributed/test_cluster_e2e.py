@@ -11,6 +11,8 @@ import httpx
 import nats
 import pytest
 
+import kev
+from kev.isolation.memory_plan import kv_pool_blocks
 from tests.distributed.cluster_harness import Cluster
 from harness import metric, read_sse
 
@@ -154,6 +156,14 @@ def test_channels_and_metrics_show_the_cluster(client: httpx.Client) -> None:
     for name in ("kev_partition_waiting", "kev_partition_running", "kev_overflow_waiting", "kev_queue_length"):
         assert f"# TYPE {name} gauge" in text
     assert metric(text, "kev_questions_total", status="ok") > 0
+    # per question: observed once at the router, whichever worker answered (so every question has one e2e sample)
+    assert metric(text, "kev_e2e_request_latency_seconds_count") == metric(text, "kev_questions_total")
+    assert 0 < metric(text, "kev_time_to_first_token_seconds_count") <= metric(text, "kev_questions_total")
+    # engine state: the live workers' heartbeats added up (two workers, one config)
+    core, router = kev.load_config({}).core, kev.load_config({}).router
+    pool = kv_pool_blocks("split", core.max_context, core.block_size, router.max_parallel_queries,
+                          router.channel_pool_size, core.kv_cache_tokens)
+    assert wait_until(lambda: metric(client.get("/metrics").text, "kev_kv_blocks_total") == 2 * pool)
 
 
 def test_malformed_work_goes_to_dead_letters_and_the_worker_survives(cluster: Cluster, client: httpx.Client,
