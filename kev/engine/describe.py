@@ -28,4 +28,5 @@ def banner(info: dict[str, Any]) -> str:
             f"max_parallel {info['max_parallel']}, channel pool {info['channel_pool']}, max_context {info['max_context']}; "
             f"isolation {info['isolation']} ({info['kv_cache']} KV); KV pool {info['kv_tokens']} tokens "
             f"({info['kv_blocks']} blocks x {info['block_size']}), {info['kv_bytes'] / 2**20:.1f} MiB"
-            + (f"; {info['replicas']} replicas" if info.get("replicas", 1) > 1 else ""))
+            + (f"; {info['replicas']} replicas" if info.get("replicas", 1) > 1 else "")
+            + (f"; numerics {info['numerics']}" if info.get("numerics") else ""))

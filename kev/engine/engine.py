@@ -230,8 +230,9 @@ class Engine:
 
     def describe(self) -> dict[str, Any]:
         """Model, architecture, precision, device, threads, pool and KV sizes (the start-up banner)."""
-        return describe(self.config, self.runner.model.config, self.parts.blocks.num_blocks,
+        info = describe(self.config, self.runner.model.config, self.parts.blocks.num_blocks,
                         str(pick_device(self.config.core.device)), torch.get_num_threads())
+        return {**info, "numerics": self.runner.fingerprint}
 
     def load(self) -> EngineLoad:
         """Questions running and waiting, KV blocks in use, loose prefix-cache lookups (for /metrics and logs)."""

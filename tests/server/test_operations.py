@@ -86,7 +86,10 @@ def test_scrape_config_targets_metrics() -> None:
 def test_json_logs_have_banner_access_line_and_stats(server, answered) -> None:
     _, body = answered
     records = log_records(server)
-    banner = next(r["banner"] for r in records if "banner" in r)
+    line = next(r for r in records if "banner" in r)
+    banner = line["banner"]
+    assert line["logger"] == "kev.server" and f"KV pool {banner['kv_tokens']} tokens" in line["message"]
+    assert banner["numerics"] and f"numerics {banner['numerics']}" in line["message"]
     assert banner["architecture"] == "llama" and banner["precision"] == "fp32" and banner["device"] == "cpu"
     assert banner["kv_tokens"] == banner["kv_blocks"] * banner["block_size"] and banner["kv_bytes"] > 0
     access = [r for r in records if r["logger"] == "kev.access"]
