@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
 def run_routing_scenario(args: argparse.Namespace) -> int:
     from kev.bench.routing import format_table, machine, run_routing, write_markdown
 
-    summary, rows = run_routing(args.repeats)
+    with progress_bar("loading the model") as bar:
+        summary, rows = run_routing(args.repeats, on_progress=bar)
     if args.out:
         write_markdown(args.out, summary, rows)
     print(summary, format_table(rows), f"Machine: {machine()}", sep="\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from kev.aggregator.result import Result
 from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.progress import progress_bar
 from kev.engine.engine import Engine
 from kev.errors import InvalidRequestError
 
@@ -51,10 +53,18 @@ def _lines(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     queries = read_queries(args)
     config = config_from_args(args)
-    with Engine(config, background=False) as engine:  # one batch: the caller drives the steps (docs/design.md)
-        results = engine.generate(queries, timeout=args.timeout, max_tokens=args.max_tokens,
-                                  temperature=args.temperature, seed=args.seed, isolation=args.isolation,
-                                  system=args.system, timeout_ms=args.timeout_ms)
+    with progress_bar("loading the model") as bar, Engine(config, background=False) as engine:
+        # one batch: the caller drives the steps (docs/design.md), here, so the bar moves as answers come in
+        request_id = engine.submit(queries, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                                   isolation=args.isolation, system=args.system, timeout_ms=args.timeout_ms)
+        deadline = time.monotonic() + args.timeout
+        while engine.scheduler.has_work() and time.monotonic() < deadline:
+            engine.step()
+            done = len(engine.results(request_id))
+            bar(f"{done}/{len(queries)} answered, {engine.num_steps} steps", done, len(queries))
+        if engine.scheduler.has_work():  # --timeout passed: what is unfinished ends cancelled, its text so far kept
+            engine.cancel(request_id)
+        results = engine.wait(request_id)
         steps = engine.num_steps
     if args.json:
         for result in results:

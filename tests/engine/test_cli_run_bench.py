@@ -34,6 +34,12 @@ def test_kev_run_reads_questions_from_a_file_and_stdin(capsys, monkeypatch, tmp_
     assert [r["original_text"] for r in lines] == ["first", "Name a colour.", "What is 2+2?", "Hi"], "- is stdin, not a question"
 
 
+def test_kev_run_timeout_cancels_what_is_unfinished(capsys):
+    assert main(["run", "--timeout", "0", "--json", "Hi"]) == 1
+    [line] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert (line["status"], line["finish_reason"]) == ("cancelled", "cancelled")
+
+
 def test_kev_run_without_questions_and_kev_version(capsys):
     assert main(["run", "--file", "/nonexistent/questions.txt"]) == 2
     assert "--file /nonexistent/questions.txt: No such file or directory" in capsys.readouterr().err
