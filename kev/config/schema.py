@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kev.config.precision import pick_precision
 from kev.config.deploy_config import DeployConfig
 from kev.server.server_config import ServerConfig
 
@@ -125,7 +126,8 @@ class CoreConfig(_Section):
     model_path: str = "smollm2-135m-instruct"
     # Overrides the model folder's chat template: a file path, or the Jinja template itself.
     chat_template: str | None = None
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # auto: bf16 where the device computes it natively (avx512_bf16 / AMX, CUDA), else fp32
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     max_context: int = Field(4096, ge=16)
     device: str = "auto"
     block_size: int = Field(16, ge=1, le=1024)
@@ -150,6 +152,11 @@ class CoreConfig(_Section):
     threads: int | None = Field(None, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=1)
     tensor_parallel: int = Field(1, ge=1)  # reserved: sharding one model over devices is not implemented
+
+    @property
+    def resolved_precision(self) -> str:
+        """precision with auto resolved for this machine: fp32 | bf16 | fp16."""
+        return pick_precision(self.precision, self.device)
 
     @model_validator(mode="after")
     def _chunk_fits_budget(self) -> CoreConfig:

@@ -5,7 +5,6 @@ gate_up_proj), which halve the number of tiled GEMM calls per layer.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -15,6 +14,7 @@ from torch import nn
 from kev.model.attention import PagedKVLayer, paged_attention
 from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
+from kev.model.row_invariance import Multiply
 from kev.model.step_metadata import StepMetadata
 from kev.model.linear import Linear, PackedWeight, can_prepack, tiled_matmul
 
@@ -114,13 +114,13 @@ class LlamaModel(nn.Module):
         kernel = "onednn-prepacked" if head.packed is not None else "torch-linear"
         return f"{cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_heads}/{cfg.num_kv_heads}/{cfg.vocab_size}/{kernel}"
 
-    def row_multiplies(self) -> dict[str, tuple[int, Callable[[torch.Tensor], torch.Tensor]]]:
-        """One multiply per linear shape, as the forward runs it (for the row invariance probe)."""
+    def row_multiplies(self, max_rows: int, max_samples: int) -> dict[str, tuple[int, Multiply, int]]:
+        """Each linear shape as the forward runs it, with the most rows a call can have (for the probe)."""
         layer = self.layers[0]
         linears = {"qkv": layer.self_attn.qkv_proj, "o": layer.self_attn.o_proj,
                    "gate_up": layer.mlp.gate_up_proj, "down": layer.mlp.down_proj}
-        found = {name: (m.weight.shape[1], partial(_as_one_tile, m)) for name, m in linears.items()}
-        found["lm_head"] = (self.config.hidden_size, lambda x: self.logits(x, [x.shape[0]]))
+        found = {name: (m.weight.shape[1], partial(_as_one_tile, m), max_rows) for name, m in linears.items()}
+        found["lm_head"] = (self.config.hidden_size, lambda x: self.logits(x, [x.shape[0]]), max_samples)
         return found
 
     def forward(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from kev.model.attention import PagedKVLayer, paged_attention
 from kev.model.kernels import load_cpu_kernels
-from kev.model.model_store import cache_dir
+from kev.model.model_store import cache_root
 from kev.model.step_metadata import ChannelSpan, StepMetadata
 
 HEADS, KV_HEADS, DIM, SLOTS = 9, 3, 64, 4096
@@ -28,7 +28,7 @@ def decode_step(contexts: list[int], slots: dict[int, torch.Tensor]) -> StepMeta
 
 @pytest.fixture(scope="module")
 def kernel_built(tmp_path_factory) -> bool:
-    return load_cpu_kernels(cache_dir())
+    return load_cpu_kernels(cache_root())
 
 
 @pytest.mark.parametrize("decode_kernel", [False, True], ids=["sdpa", "kev-kernel"])

@@ -13,6 +13,8 @@ import pytest
 import yaml
 from harness import REPO, ServerProcess, metric
 
+import kev
+
 pytestmark = pytest.mark.service
 
 DASHBOARD = REPO / "examples" / "grafana" / "kev-dashboard.json"
@@ -90,7 +92,8 @@ def test_json_logs_have_banner_access_line_and_stats(server, answered) -> None:
     banner = line["banner"]
     assert line["logger"] == "kev.server" and f"KV pool {banner['kv_tokens']} tokens" in line["message"]
     assert banner["numerics"] and f"numerics {banner['numerics']}" in line["message"]
-    assert banner["architecture"] == "llama" and banner["precision"] == "fp32" and banner["device"] == "cpu"
+    assert banner["architecture"] == "llama" and banner["device"] == "cpu"
+    assert banner["precision"] == kev.load_config({}).core.resolved_precision, "the precision picked, auto resolved"
     assert banner["kv_tokens"] == banner["kv_blocks"] * banner["block_size"] and banner["kv_bytes"] > 0
     access = [r for r in records if r["logger"] == "kev.access"]
     assert [(r["request_id"], r["questions"], r["statuses"]) for r in access] == [(body["request_id"], 2, {"ok": 2})]
