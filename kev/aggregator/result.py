@@ -29,6 +29,8 @@ class Result:
     category: str | None = None  # the router.categories group it was routed in
     rerouted: bool = False
     queue_ms: float = 0.0  # submit → start in its channel (or → its end, if it never started)
+    ttft_ms: float | None = None  # submit → first token (queue included); None without one
+    tpot_ms: float | None = None  # mean time between its output tokens after the first; None under two tokens
     original_text: str | None = None
     normalized_text: str | None = None
     numerics_fingerprint: str = ""

@@ -19,7 +19,8 @@ import torch
 from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
-from kev.engine.engine_setup import EngineParts, build_parts
+from kev.engine.describe import describe
+from kev.engine.engine_setup import EngineParts, build_parts, pick_device
 from kev.engine.isolation_guard import IsolationGuard
 from kev.engine.logprobs import LogitRows
 from kev.engine.overflow import place_all
@@ -27,7 +28,7 @@ from kev.engine.packer import pack
 from kev.engine.postprocess import Postprocessor
 from kev.engine.request import Request, StreamEvent
 from kev.engine.sampler import sample
-from kev.engine.stats import EngineStats
+from kev.engine.stats import EngineLoad, EngineStats
 from kev.engine.structured import GrammarCompiler
 from kev.engine.submission import SubmitOptions, build_questions
 from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnknownRequestError
@@ -240,6 +241,19 @@ class Engine:
     def queue_length(self) -> int:
         with self._lock:
             return len(self.scheduler.waiting())
+
+    def describe(self) -> dict[str, Any]:
+        """Model, architecture, precision, device, threads, pool and KV sizes (the start-up banner)."""
+        info = describe(self.config, self.runner.model.config, self.parts.blocks.num_blocks,
+                        str(pick_device(self.config.core.device)), torch.get_num_threads())
+        return {**info, "numerics": self.runner.fingerprint}
+
+    def load(self) -> EngineLoad:
+        """Questions running and waiting, KV blocks in use, loose prefix-cache lookups (for /metrics and logs)."""
+        with self._lock:
+            blocks, store = self.parts.blocks, self.scheduler.prefixes.store
+            return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting()), blocks.num_used_blocks,
+                              blocks.num_blocks, store.num_loose_queries, store.num_loose_hits)
 
     def run_until_idle(self) -> None:
         while self.scheduler.has_work():

@@ -29,6 +29,7 @@ class Postprocessor:
     def apply(self, work: list[Work], sampled: list[Question], tokens: list[int], logits: LogitRows) -> None:
         for w in work:
             w.question.num_computed = w.start + w.length
+        now = time.monotonic()
         for w, chunk in logits.chunks:
             if not w.question.is_finished:
                 record_prompt(w, chunk, self.texts)
@@ -41,6 +42,7 @@ class Postprocessor:
                 self.complete(q)
                 continue
             q.output_ids.append(token)
+            q.first_token_mono, q.last_token_mono = q.first_token_mono or now, now
             if self.record_logits or q.shadow or q.shadow_of is not None:
                 q.logits.append(logits.sampling[row].clone())
             record_sampled(q, logits.sampling[row], token, self.texts)
@@ -97,6 +99,7 @@ class Postprocessor:
         self._emit(q, final=True)
         elapsed = ((q.finished_mono or time.monotonic()) - q.started_mono) * 1000 if q.started_mono else 0.0
         queued = ((q.started_at or q.finished_at or time.time()) - q.submitted_at) * 1000
+        ttft, tpot = _token_times(q, queued)
         result = Result(
             request_id=q.request_id, index=q.index, text=q.text, token_ids=list(q.output_ids),
             prompt_tokens=len(q.prompt_ids), completion_tokens=len(q.output_ids), channel_id=q.channel_id,
@@ -108,6 +111,7 @@ class Postprocessor:
             rerouted=q.rerouted, category=q.features.category if q.features else None, queue_ms=round(queued, 3),
             logprobs=list(q.logprobs) if q.sampling.logprobs is not None else None,
             prompt_logprobs=list(q.prompt_logprobs) if q.sampling.prompt_logprobs else None,
+            ttft_ms=ttft, tpot_ms=tpot,
         )
         if q.shadow_of is not None:
             self._verify(q.shadow_of, q)
@@ -154,3 +158,13 @@ class Postprocessor:
         for q in list(self.scheduler.running):
             self.scheduler.finish(q, "error", "error", message)
             self.complete(q)
+
+
+def _token_times(q: Question, queued_ms: float) -> tuple[float | None, float | None]:
+    """Time to first token (submit → first token, queue included) and the mean time between later tokens, in ms."""
+    if q.first_token_mono is None or q.started_mono is None:
+        return None, None
+    ttft = queued_ms + (q.first_token_mono - q.started_mono) * 1000
+    gaps = len(q.output_ids) - 1
+    tpot = (q.last_token_mono - q.first_token_mono) * 1000 / gaps if gaps > 0 and q.last_token_mono else None
+    return round(ttft, 3), (round(tpot, 3) if tpot is not None else None)

@@ -70,6 +70,8 @@ class Question:
     started_mono: float | None = None
     finished_at: float | None = None
     finished_mono: float | None = None
+    first_token_mono: float | None = None  # when its first output token was sampled (TTFT)
+    last_token_mono: float | None = None  # ... and its latest (time per output token)
     finish_reason: str | None = None
     status: str = "ok"
     error: str | None = None

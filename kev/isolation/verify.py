@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import random
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +120,10 @@ class MixItem:
     is_filler: bool = False
 
 
-def run_verify(engine: Engine, options: VerifyOptions) -> VerifyReport:
-    """engine: built with record_logits=True and background=False (verify drives its steps)."""
+def run_verify(engine: Engine, options: VerifyOptions,
+               on_progress: Callable[[str, float, float], None] | None = None) -> VerifyReport:
+    """engine: built with record_logits=True and background=False (verify drives its steps).
+    on_progress(label, runs done, runs in all): before each solo reference and each mix."""
     if not engine.record_logits or engine.is_background:
         raise ValueError("verify needs an engine built with record_logits=True and background=False")
     if options.trials < 1 or not options.questions:
@@ -130,11 +133,17 @@ def run_verify(engine: Engine, options: VerifyOptions) -> VerifyReport:
     canary = f"KEV-CANARY-{secrets.token_hex(4).upper()}"
     canary_question = f"Remember the code word {canary}. Repeat it."
     questions = list(dict.fromkeys(options.questions))  # one reference per distinct question
-    solo = {q: run_mix(engine, [MixItem(q, options.max_tokens)], rng, options)[0] for q in [*questions, canary_question]}
+    references = [*questions, canary_question]
+    total, tick = len(references) + options.trials, on_progress or (lambda label, done, total: None)
+    solo = {}
+    for q in references:
+        tick(f"solo reference {len(solo) + 1}/{len(references)}", len(solo), total)
+        solo[q] = run_mix(engine, [MixItem(q, options.max_tokens)], rng, options)[0]
     checks = {q: QuestionCheck(q, len(solo[q].token_ids)) for q in questions}
     canary_check = QuestionCheck(canary_question, len(solo[canary_question].token_ids))
     leaks: list[str] = []
     for trial in range(options.trials):
+        tick(f"packed mix {trial + 1}/{options.trials}", len(references) + trial, total)
         with_canary = trial == options.trials - 1
         items = make_mix(questions, rng, options, canary_question if with_canary else None)
         for item, result in zip(items, run_mix(engine, items, rng, options)):

@@ -11,6 +11,8 @@ import httpx
 import nats
 import pytest
 
+import kev
+from kev.isolation.memory_plan import kv_pool_blocks
 from tests.distributed.cluster_harness import Cluster
 from harness import metric, read_sse
 
@@ -20,7 +22,7 @@ QUESTIONS = [f"Question {i}: what is {i} plus {i + 1}?" for i in range(12)] + [
     "What is the capital of France?", "Say hi.", "Name a colour.", "Name a fruit.", "什么是KV Cache?", "写一句诗",
     [{"role": "user", "content": "Count to three."}], {"prompt": "The sky is", "max_tokens": 5},
     {"text": "Explain batching in one line.", "priority": 3}, "Hello!", "What day is it?", "2+2=?"]
-VOLATILE = {"request_id", "channel_id", "elapsed_ms", "started_at", "finished_at", "queue_ms", "worker", "rerouted"}
+VOLATILE = {"request_id", "channel_id", "elapsed_ms", "started_at", "finished_at", "queue_ms", "ttft_ms", "tpot_ms", "worker", "rerouted"}
 LONG = {"prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 200}
 
 
@@ -164,6 +166,14 @@ def test_channels_and_metrics_show_the_cluster(client: httpx.Client) -> None:
     for name in ("kev_partition_waiting", "kev_partition_running", "kev_overflow_waiting", "kev_queue_length"):
         assert f"# TYPE {name} gauge" in text
     assert metric(text, "kev_questions_total", status="ok") > 0
+    # per question: observed once at the router, whichever worker answered (so every question has one e2e sample)
+    assert metric(text, "kev_e2e_request_latency_seconds_count") == metric(text, "kev_questions_total")
+    assert 0 < metric(text, "kev_time_to_first_token_seconds_count") <= metric(text, "kev_questions_total")
+    # engine state: the live workers' heartbeats added up (two workers, one config)
+    core, router = kev.load_config({}).core, kev.load_config({}).router
+    pool = kv_pool_blocks("split", core.max_context, core.block_size, router.max_parallel_queries,
+                          router.channel_pool_size, core.kv_cache_tokens)
+    assert wait_until(lambda: metric(client.get("/metrics").text, "kev_kv_blocks_total") == 2 * pool)
 
 
 def test_malformed_work_goes_to_dead_letters_and_the_worker_survives(cluster: Cluster, client: httpx.Client,

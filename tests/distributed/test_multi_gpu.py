@@ -36,6 +36,11 @@ def test_replicas_answer_as_one_engine(replicas: ReplicaEngine, make_engine: Cal
     assert [r.token_ids for r in results] == [r.token_ids for r in expected]
     assert [r.text for r in results] == [r.text for r in expected]
     assert {r.worker for r in results} == {"replica0:cpu", "replica1:cpu"}, "both replicas took questions"
+    # /metrics and the banner: the replicas added up
+    one = replicas.replicas[0]
+    assert replicas.load().kv_blocks_total == 2 * one.load().kv_blocks_total and replicas.load().num_running == 0
+    info = replicas.describe()
+    assert info["replicas"] == 2 and info["kv_tokens"] == 2 * one.describe()["kv_tokens"] and info["device"] == "cpu,cpu"
 
 
 def test_streams_merge_and_cancel_is_immediate(replicas: ReplicaEngine) -> None:
