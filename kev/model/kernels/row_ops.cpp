@@ -5,6 +5,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec_math.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,22 +20,6 @@ constexpr int64_t kRowGrain = 128;
 template <typename T>
 inline float to_f(T v) { return static_cast<float>(v); }
 
-// exp on [-87, 88] by range reduction and a polynomial: plain arithmetic the compiler vectorizes.
-inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 template <typename T>
 void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, double eps) {
@@ -130,7 +116,7 @@ void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
       T* o = op + r * width;
       for (int64_t i = 0; i < width; ++i) {
         const float x = to_f(g[i]);
-        o[i] = static_cast<T>(x / (1.0f + exp_approx(-x)) * to_f(u[i]));
+        o[i] = static_cast<T>(x / (1.0f + kev::exp_approx(-x)) * to_f(u[i]));
       }
     }
   });
