@@ -231,7 +231,7 @@ class Engine:
         while self.scheduler.has_work():
             self.step()
 
-    def _wait_for_room(self, seconds: float) -> None:
+    def _wait_for_room(self, seconds: float | None) -> None:
         """overflow_policy `wait`, lock held: let the engine free a channel queue."""
         if self._thread is None:
             self.step()  # no loop thread: the blocked caller drives the engine itself

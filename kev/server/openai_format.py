@@ -69,6 +69,7 @@ class Reply:
         return self.chunk([choice])
 
 
-def finish_reason(result: Result) -> Literal["stop", "length"]:
-    """OpenAI knows stop and length; a timeout or cancel also cut the answer short."""
-    return "stop" if result.finish_reason == "stop" else "length"
+def finish_reason(result: Result) -> Literal["stop", "length", "timeout", "cancelled"]:
+    """OpenAI knows stop and length; an answer a deadline or a cancel cut short says so (non-standard values)."""
+    reason = result.finish_reason
+    return reason if reason in ("stop", "length", "timeout", "cancelled") else "stop"  # type: ignore[return-value]
