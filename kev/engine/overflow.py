@@ -23,7 +23,7 @@ from kev.errors import OverflowTimeoutError, RejectedError
 
 def describe_load(scheduler: Scheduler) -> str:
     pool = scheduler.pool
-    return (f"channel pool of {pool.size} channels: {len(scheduler.running)} running, {pool.num_queued()} waiting "
+    return (f"channel pool of {pool.size} channels: {len(scheduler.running)} running, {pool.num_queued()} queued "
             f"in channels (router.channel_queue_depth={pool.queue_depth}), {len(scheduler.overflow)} in overflow")
 
 
