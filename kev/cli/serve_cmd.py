@@ -1,7 +1,8 @@
 """kev serve: the HTTP service (FastAPI on uvicorn), one engine per process.
 
-SIGTERM or Ctrl-C: stop accepting, let in-flight requests finish for server.shutdown_grace_s,
-cancel the rest, close the engine, exit 0.
+SIGTERM or Ctrl-C, at any moment (loading included): stop accepting (503 + Retry-After), let
+in-flight requests finish for server.shutdown_grace_s, cancel the rest (each caller gets its
+cancelled results), close the engine, exit 0 (kev/server/drain.py).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from kev.server.app import build_app
+    from kev.server.drain import DrainingServer, exit_if_loading
 
     server_overrides = {name: getattr(args, name) for name in _SERVER_FLAGS if getattr(args, name) is not None}
     overrides = {"server": server_overrides} if server_overrides else {}
@@ -54,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
         holder[0].should_exit = True
 
     app = build_app(config, api_key=api_key, on_load_failed=stop_on_load_failure)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=max(config.server.shutdown_grace_s, 0.1),
-                                           access_log=args.log_level == "debug"))
+    grace = config.server.shutdown_grace_s
+    server = DrainingServer(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=DrainingServer.timeout_for(grace),
+                                           access_log=args.log_level == "debug"), app.state.service, grace)
     holder.append(server)
     # uvicorn re-raises the SIGTERM/SIGINT it handled once it is done; a no-op handler lets us exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -65,4 +68,6 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print("kev serve: the model failed to load (see the log above)", file=sys.stderr)
         return 1
-    return 0 if server.started else 1
+    code = 0 if server.started else 1
+    exit_if_loading(app.state.service, code)
+    return code

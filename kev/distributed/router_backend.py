@@ -231,13 +231,17 @@ class DistributedBackend:
         # Steps happen on the workers (their audit logs have them); the alert counts come with their heartbeats.
         self.metrics.refresh([], states, waiting, self.directory.totals()[1])
 
-    async def shutdown(self) -> int:
+    async def cancel_unfinished(self) -> int:
         unfinished = [rid for rid, r in self.requests.items() if not r.is_done]
         for request_id in unfinished:
             try:
                 await asyncio.wait_for(self.cancel(request_id), 5)
             except Exception as err:
                 log.warning("shutdown: cancelling %s: %s", request_id, err)
+        return len(unfinished)
+
+    async def shutdown(self) -> int:
+        unfinished = await self.cancel_unfinished()
         await self.link.close()
         for task in list(self._tasks):
             task.cancel()

@@ -15,8 +15,9 @@ from kev.server.errors import error_body
 from kev.server.metrics import ServerMetrics
 from kev.server.playground import PAGE_PATHS
 
-# Liveness probes carry no key; nor does loading the playground page, which holds no secret (its API calls do).
-OPEN_PATHS = frozenset({"/healthz", *PAGE_PATHS})
+# Liveness and readiness probes carry no key (/health, as in vLLM and llama.cpp); nor does loading the
+# playground page, which holds no secret (its API calls do).
+OPEN_PATHS = frozenset({"/healthz", "/health", *PAGE_PATHS})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 

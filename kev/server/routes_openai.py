@@ -24,8 +24,10 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
 
 
-@router.get("/v1/models", response_model=ModelList, responses=error_responses(401), summary="The one model served")
+@router.get("/v1/models", response_model=ModelList, responses=error_responses(401, 503),
+            summary="The one model served (503 + Retry-After while it loads)")
 async def models(service: KevService = Depends(get_service)) -> ModelList:
+    service.loaded_backend()
     return ModelList(data=[ModelCard(id=service.model_name, created=int(service.started_at))])
 
 
