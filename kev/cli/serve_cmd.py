@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
     parser.add_argument("--host", help="server.host (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="server.port (default 8765; 0 picks a free one)")
-    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (else ${API_KEY_ENV}, else server.api_key)")
+    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (else ${API_KEY_ENV}, else server.api_key); "
+                                           f"a flag is visible to every user in `ps`: set ${API_KEY_ENV} to keep the key out of it")
     parser.add_argument("--max-body-bytes", type=int, help="server.max_body_bytes")
     parser.add_argument("--max-questions", type=int, help="server.max_questions (per request)")
     parser.add_argument("--max-question-chars", type=int, help="server.max_question_chars")

@@ -6,6 +6,9 @@ disconnects pass through untouched.
 from __future__ import annotations
 
 import hmac
+import json
+import re
+import sys
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -50,6 +53,9 @@ class GateMiddleware:
                 return await _refuse(scope, receive, send, 413, self._too_large(len(body)), "body")
         if _is_json(headers) and not _is_utf8(bytes(body)):
             return await _refuse(scope, receive, send, 400, "body: is not valid UTF-8", "body")
+        if _is_json(headers) and (huge := huge_integer(bytes(body))) is not None:
+            path, digits = huge
+            return await _refuse(scope, receive, send, 422, f"{path}: an integer of {digits} digits is out of range", path)
         await self.app(scope, _replay(bytes(body), receive), send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
@@ -91,6 +97,31 @@ def _headers(scope: Scope) -> dict[str, str]:
 def _is_json(headers: dict[str, str]) -> bool:
     content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
     return content_type == "application/json" or content_type.endswith("+json")
+
+
+class _Huge:
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def huge_integer(body: bytes) -> tuple[str, int] | None:
+    """(JSON path, digits) of the first integer too long for Python's JSON parser, which would otherwise
+    refuse the whole body without naming the field; None if there is none (or the JSON is broken anyway)."""
+    limit = sys.get_int_max_str_digits() or 0
+    if not limit or not re.search(rb"\d{%d}" % (limit + 1), body):
+        return None
+    try:
+        value = json.loads(body, parse_int=lambda s: _Huge(len(s.lstrip("-"))) if len(s) > limit else int(s))
+    except ValueError:
+        return None
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop(0)
+        if isinstance(item, _Huge):
+            return path or "body", item.digits
+        children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        stack += [(f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else k), v) for k, v in children]
+    return None
 
 
 def _is_utf8(data: bytes) -> bool:

@@ -60,3 +60,16 @@ def test_a_cut_answer_ends_at_a_character_boundary(make_engine):
     engine.scheduler.finish(q, "timeout", "timeout")
     engine.post.complete(q)
     assert request.results[0].text == "Waves " and request.results[0].token_ids == partial
+
+
+def test_a_long_stop_string_holds_back_only_what_could_still_become_it(make_engine):
+    """Issue 13, point 7: streaming stays streaming; only a suffix that may grow into the stop string waits."""
+    from kev.engine.postprocess import stop_prefix_length
+
+    assert stop_prefix_length("The sea is", ("is blue",)) == 2
+    assert stop_prefix_length("The sea is", ("zzz" * 100,)) == 0
+    assert stop_prefix_length("abab", ("abac",)) == 2
+    engine = make_engine()
+    rid = engine.submit(["Write a long story about the sea."], max_tokens=12, ignore_eos=True, stop=["§" * 300])
+    deltas = [e for e in engine.stream(rid, timeout=120) if e.result is None and e.text]
+    assert len(deltas) >= 6  # one per word or so, not one final delta of everything
