@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kev.server.app import build_app
     from kev.server.drain import DrainingServer, exit_if_loading
+    from kev.server.slow_clients import guarded_h11
 
     server_overrides = {name: getattr(args, name) for name in _SERVER_FLAGS if getattr(args, name) is not None}
     overrides = {"server": server_overrides} if server_overrides else {}
@@ -60,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     grace = config.server.shutdown_grace_s
     server = DrainingServer(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=DrainingServer.timeout_for(grace),
+                                           http=guarded_h11(config.server.header_timeout_s),
+                                           limit_concurrency=config.server.max_connections,
+                                           timeout_keep_alive=config.server.keep_alive_s,
                                            access_log=args.log_level == "debug"), app.state.service, grace)
     holder.append(server)
     # uvicorn re-raises the SIGTERM/SIGINT it handled once it is done; a no-op handler lets us exit 0.

@@ -24,7 +24,7 @@ log = logging.getLogger("kev.server")
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 # Union branch labels pydantic puts in an error's location; they are not part of the caller's JSON path.
 UNION_TAGS = frozenset({"as_string", "as_messages", "as_object", "str", "int", "float", "bool", "list", "dict"})
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 408: "timeout", 403: "permission_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "request_too_large", 415: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
 

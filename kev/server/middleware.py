@@ -5,6 +5,7 @@ disconnects pass through untouched.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import re
@@ -25,8 +26,8 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class GateMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
-        self.app, self.max_body_bytes = app, max_body_bytes
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout_s: float = 30.0) -> None:
+        self.app, self.max_body_bytes, self.body_timeout_s = app, max_body_bytes, body_timeout_s
         self.api_key = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -43,14 +44,19 @@ class GateMiddleware:
             return await _refuse(scope, receive, send, 413, self._too_large(int(declared)), "body")
         body = bytearray()
         more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_body_bytes:
-                return await _refuse(scope, receive, send, 413, self._too_large(len(body)), "body")
+        try:
+            async with asyncio.timeout(self.body_timeout_s):  # a client that stalls mid-body
+                while more:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    body += message.get("body", b"")
+                    more = message.get("more_body", False)
+                    if len(body) > self.max_body_bytes:
+                        return await _refuse(scope, receive, send, 413, self._too_large(len(body)), "body")
+        except TimeoutError:
+            return await _refuse(scope, receive, send, 408, f"body: not complete within server.body_timeout_s="
+                                 f"{self.body_timeout_s:g}", "body", {"Connection": "close"})
         if _is_json(headers) and not _is_utf8(bytes(body)):
             return await _refuse(scope, receive, send, 400, "body: is not valid UTF-8", "body")
         if _is_json(headers) and (huge := huge_integer(bytes(body))) is not None:

@@ -24,6 +24,12 @@ class ServerConfig(BaseModel):
     # Requests answered or streamed at once; one more is a 429 (each holds one watcher thread).
     max_inflight_requests: int = Field(256, ge=1)
     retry_after_s: int = Field(1, ge=1)  # the Retry-After a 429/503 suggests
+    # Slow clients: request headers, then the body, must arrive within these (else 408, connection closed);
+    # connections beyond max_connections get a 503; an idle keep-alive connection closes after keep_alive_s.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    max_connections: int = Field(512, ge=1)
+    keep_alive_s: float = Field(5.0, gt=0)
     shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: in-flight requests may finish this long, then are cancelled
     result_ttl_s: float = Field(600.0, gt=0)  # how long results of an async request stay readable after it finished
     max_retained_results: int = Field(1024, ge=1)  # finished async requests kept at most (oldest forgotten first)
