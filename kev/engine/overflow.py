@@ -31,21 +31,22 @@ def place_all(scheduler: Scheduler, questions: list[Question], policy: str,
               wait_for_room: Callable[[float | None], None]) -> None:
     """Bind every question to a channel (or the overflow FIFO); with the engine lock held.
 
+    The questions of one request arrive together, so the highest priority is placed first.
     wait_for_room(seconds or None) lets the engine run while a `wait` submit is blocked."""
     placed: list[Question] = []
     try:
-        for q in questions:
+        for q in sorted(questions, key=lambda q: -q.priority):  # stable: in index order within a priority
             placed.append(q)  # before placing: a refused question is withdrawn too (its prefix entry)
-            _place(scheduler, q, policy, wait_for_room)
+            _place(scheduler, q, policy)
+        if policy == "wait":
+            _wait_until_bound(scheduler, placed, wait_for_room)
     except (RejectedError, OverflowTimeoutError):
         for q in placed:
             scheduler.finish(q, "cancelled", "cancelled", "withdrawn: its request was not accepted")
         raise
 
 
-def _place(scheduler: Scheduler, q: Question, policy: str, wait_for_room: Callable[[float | None], None]) -> None:
-    if q.is_finished:  # cancelled while an earlier question of its request waited (engine closing)
-        return
+def _place(scheduler: Scheduler, q: Question, policy: str) -> None:
     if not scheduler.overflow and scheduler.add(q):  # never ahead of questions already waiting
         return
     if policy == "reject":
@@ -53,12 +54,17 @@ def _place(scheduler: Scheduler, q: Question, policy: str, wait_for_room: Callab
     if not scheduler.defer(q, bounded=policy == "queue"):
         raise RejectedError(f"overflow queue full (router.max_queue={scheduler.limits.max_queue}); "
                             f"{describe_load(scheduler)}")
-    if policy == "queue":
-        return
-    deadline = None if q.timeout_ms is None else time.monotonic() + q.timeout_ms / 1000
-    while q.channel_id is None and not q.is_finished:  # the step loop binds it, in FIFO order
-        remaining = None if deadline is None else deadline - time.monotonic()
+
+
+def _wait_until_bound(scheduler: Scheduler, questions: list[Question], wait_for_room: Callable[[float | None], None]) -> None:
+    """`wait`: the caller blocks until the step loop has bound each question (FIFO order), or one's timeout_ms
+    passes (OverflowTimeoutError), or they are cancelled (the engine closes)."""
+    started = time.monotonic()
+    while unbound := [q for q in questions if q.channel_id is None and not q.is_finished]:
+        budgets = [q.timeout_ms for q in unbound if q.timeout_ms is not None]
+        remaining = None if not budgets else started + min(budgets) / 1000 - time.monotonic()
         if remaining is not None and remaining <= 0:
+            q = min(unbound, key=lambda q: q.timeout_ms if q.timeout_ms is not None else float("inf"))
             raise OverflowTimeoutError(f"no channel could take question {q.index} within its timeout_ms "
                                        f"({q.timeout_ms}, overflow_policy=wait); {describe_load(scheduler)}")
         wait_for_room(remaining)
