@@ -232,7 +232,7 @@ class Engine:
             self.step()
 
     def _wait_for_room(self, seconds: float | None) -> None:
-        """overflow_policy `wait`, lock held: let the engine free a channel queue."""
+        """overflow_policy `wait`, lock held: let the step loop bind the waiting questions to channels."""
         if self._thread is None:
             self.step()  # no loop thread: the blocked caller drives the engine itself
         else:

@@ -72,8 +72,8 @@ class Scheduler:
         return True
 
     def defer(self, question: Question, bounded: bool = True) -> bool:
-        """Hold the question in the overflow FIFO (policy `queue`: bounded by max_queue, False when full;
-        policy `wait`: its caller is blocked, so the callers bound it)."""
+        """Hold the question in the overflow FIFO; bounded (policy `queue`): False when max_queue are held.
+        Policy `wait` does not bound it: each question there has a caller blocked in submit()."""
         if bounded and len(self.overflow) >= self.limits.max_queue:
             return False
         self._arrive(question)
