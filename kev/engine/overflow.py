@@ -20,6 +20,8 @@ from kev.engine.question import Question
 from kev.engine.scheduler import Scheduler
 from kev.errors import OverflowTimeoutError, RejectedError
 
+WaitForRoom = Callable[[list[Question], float | None], None]
+
 
 def describe_load(scheduler: Scheduler) -> str:
     pool = scheduler.pool
@@ -28,11 +30,11 @@ def describe_load(scheduler: Scheduler) -> str:
 
 
 def place_all(scheduler: Scheduler, questions: list[Question], policy: str,
-              wait_for_room: Callable[[float | None], None]) -> None:
+              wait_for_room: WaitForRoom) -> None:
     """Bind every question to a channel (or the overflow FIFO); with the engine lock held.
 
     The questions of one request arrive together, so the highest priority is placed first.
-    wait_for_room(seconds or None) lets the engine run while a `wait` submit is blocked."""
+    wait_for_room(unbound questions, seconds or None) lets the engine run while a `wait` submit is blocked."""
     placed: list[Question] = []
     try:
         for q in sorted(questions, key=lambda q: -q.priority):  # stable: in index order within a priority
@@ -56,7 +58,7 @@ def _place(scheduler: Scheduler, q: Question, policy: str) -> None:
                             f"{describe_load(scheduler)}")
 
 
-def _wait_until_bound(scheduler: Scheduler, questions: list[Question], wait_for_room: Callable[[float | None], None]) -> None:
+def _wait_until_bound(scheduler: Scheduler, questions: list[Question], wait_for_room: WaitForRoom) -> None:
     """`wait`: the caller blocks until the step loop has bound each question (FIFO order), or one's timeout_ms
     passes (OverflowTimeoutError), or they are cancelled (the engine closes)."""
     started = time.monotonic()
@@ -67,4 +69,4 @@ def _wait_until_bound(scheduler: Scheduler, questions: list[Question], wait_for_
             q = min(unbound, key=lambda q: q.timeout_ms if q.timeout_ms is not None else float("inf"))
             raise OverflowTimeoutError(f"no channel could take question {q.index} within its timeout_ms "
                                        f"({q.timeout_ms}, overflow_policy=wait); {describe_load(scheduler)}")
-        wait_for_room(remaining)
+        wait_for_room(unbound, remaining)

@@ -2,6 +2,7 @@
 or (when the pool refuses) not at all; a refused submit leaves nothing behind."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -92,3 +93,16 @@ def test_reject_names_pool_and_load_and_clients_can_retry(make_engine):
     results = [engine.wait(rid, 120) for rid in accepted.values()]
     assert all(len(r) == 1 and r[0].status == "ok" for r in results)
     assert [r[0].original_text for r in results] == [f"Say the number {i}." for i in range(8)]
+
+
+def test_a_blocked_wait_submit_returns_cancelled_when_the_engine_closes(make_engine):
+    engine = engine_with(make_engine, overflow_policy="wait", channel_pool_size=1, max_parallel_queries=1)
+    engine.submit(["Write a long story about the sea."], max_tokens=400)
+    wait_until(lambda: engine.channel_states()[0]["state"] != "idle")
+    outcome: dict[str, str] = {}
+    blocked = threading.Thread(target=lambda: outcome.setdefault("rid", engine.submit(["Hi"], max_tokens=2)))
+    blocked.start()
+    wait_until(lambda: engine.queue_length() == 1)  # in the FIFO, its caller blocked
+    engine.close()
+    blocked.join(60)
+    assert not blocked.is_alive() and engine.results(outcome["rid"])[0].status == "cancelled"
