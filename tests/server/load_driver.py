@@ -135,11 +135,11 @@ async def measure(url: str, headers: dict[str, str], clients: int, requests_per_
         return await asyncio.wait_for(run_load(client, solo, clients, requests_per_client, max_tokens), budget_s)
 
 
-def machine() -> str:
+def machine(precision: str) -> str:
     memory_kib = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
                           if line.startswith("MemTotal")).split()[1])
     return (f"{os.cpu_count()} CPU cores, {memory_kib / 2**20:.0f} GiB RAM, no GPU; Python {platform.python_version()}, "
-            f"torch {importlib.metadata.version('torch')} (CPU), fp32, default model smollm2-135m-instruct")
+            f"torch {importlib.metadata.version('torch')} (CPU), {precision}, default model smollm2-135m-instruct")
 
 
 def server_cpu_s(pid: int) -> float:
@@ -188,7 +188,10 @@ def main() -> int:
     finally:
         code = server.terminate()
     table = markdown(report, args.max_tokens, args.requests, peak, cpu)
-    text = (f"# kev serve load test\n\nMachine: {machine()}.\n\nRecipe: `python tests/server/load_driver.py "
+    from kev.config import load_config
+
+    precision = load_config(config).core.resolved_precision
+    text = (f"# kev serve load test\n\nMachine: {machine(precision)}.\n\nRecipe: `python tests/server/load_driver.py "
             f"--clients {args.clients} --requests {args.requests} --max-tokens {args.max_tokens}"
             f"{' --defaults' if args.defaults else ''}` (server config: `{config}`; exit code on SIGTERM: {code}).\n\n{table}")
     print(text)
