@@ -69,7 +69,7 @@ def test_a_killed_workers_questions_are_served_first_under_load(cluster: Cluster
             while not stop.is_set():
                 outcomes.append(own.post("/v1/query", json={"queries": ["Say a word."], "max_tokens": 8}))
 
-    load = [threading.Thread(target=keep_asking, daemon=True) for _ in range(8)]
+    load = [threading.Thread(target=keep_asking, daemon=True) for _ in range(32)]  # more than worker0 runs at once
     for thread in load:
         thread.start()
     try:
