@@ -60,6 +60,7 @@ def test_semantic_hash_reports_the_hot_buckets_but_no_channel_piles_them(logs, c
         print(f"\nsemantic_hash: busiest channel {busiest.channel_id} takes {busiest.share:.0%} "
               f"({busiest.load_vs_mean:.2f}x the mean); hot buckets {[(b.bucket, f'{b.share:.0%}') for b in report.hot_buckets]}")
     assert not busiest.is_over and report.hot_buckets  # before issue 13 one channel took >= 40%
+    assert report.hot_buckets[0].moved > 0  # the hot bucket's questions were moved off its channel, and it says so
     out = kev_stats_json(logs["semantic_hash"], capsys)
     assert "hot spot: bucket" in out and "OVER" not in out
 
