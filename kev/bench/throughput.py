@@ -6,6 +6,7 @@ so tokens/s compare like with like.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from kev.bench.linear_bound import linear_stack_ms
 from kev.bench.questions import BENCH_QUESTIONS
 from kev.bench.vllm_anchor import VllmBatch, run_vllm
 from kev.engine.engine import Engine
@@ -50,10 +52,13 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
     prompts = [prompt_ids(engine, q) for q in questions]
     hf_solo = [_hf_generate(hf_model, [p], max_tokens)[0][0] for p in prompts] if hf_model is not None else []
     results: list[PathResult] = []
+    steps: dict[str, dict[str, float]] = {}
     for n in sizes:
+        first_step = engine.stats.num_steps
         started = time.perf_counter()
         answers = engine.generate(questions[:n], timeout=3600, **options)
         seconds = time.perf_counter() - started
+        steps[str(n)] = _decode_step_vs_bound(engine, n, engine.stats.num_steps - first_step)
         same = sum(a.token_ids == s for a, s in zip(answers, solo_ids))
         results.append(PathResult(n, "kev", sum(a.completion_tokens for a in answers), seconds, f"{same}/{n}"))
         results.append(PathResult(n, "serial", n * max_tokens, sum(solo_seconds[:n]), f"{n}/{n}"))
@@ -74,7 +79,17 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
         results.append(PathResult(n, "kev_non_invariant", sum(a.completion_tokens for a in answers), seconds, f"{same}/{n}"))
         kev_rate = next(r.tok_per_s for r in results if r.n == n and r.path == "kev")
         ratios[str(n)]["kev_over_non_invariant"] = round(kev_rate / results[-1].tok_per_s, 2)
-    return {"results": [r.to_dict() for r in results], "ratios": ratios}
+    return {"results": [r.to_dict() for r in results], "ratios": ratios, "decode_steps": steps}
+
+
+def _decode_step_vs_bound(engine: Engine, n: int, num_steps: int) -> dict[str, float]:
+    """Median step of the batch's pure decode steps (n tokens, n sampled) against the linear layers alone."""
+    records = list(engine.stats.recent)[-num_steps:] if num_steps else []
+    decode = [r.step_ms for r in records if r.num_tokens == n and r.num_sampled == n]
+    step_ms = statistics.median(decode) if decode else 0.0
+    bound_ms = linear_stack_ms(engine.runner.model, max(n, engine.runner.plan.min_rows))
+    return {"step_ms": round(step_ms, 2), "linear_bound_ms": round(bound_ms, 2),
+            "bound_share": round(bound_ms / step_ms, 2) if step_ms else 0.0}
 
 
 def _vllm_paths(engine: Engine, sizes: list[int], prompts: list[list[int]], max_tokens: int) -> list[PathResult]:

@@ -123,3 +123,9 @@ def print_report(report: dict) -> None:
         table.add_row(str(r["n"]), r["path"], str(r["tokens"]), f"{r['seconds']:.2f}", f"{r['tok_per_s']:.1f}",
                       r["identical_to_solo"], f"{kev_rate / r['tok_per_s']:.2f}x")
     Console().print(table)
+    steps = Table(title="decode step vs the linear layers alone at N rows (the bound)")
+    for column in ("N", "step ms", "linear bound ms", "bound / step"):
+        steps.add_column(column, justify="right")
+    for n, s in report.get("decode_steps", {}).items():
+        steps.add_row(n, f"{s['step_ms']:.1f}", f"{s['linear_bound_ms']:.1f}", f"{s['bound_share']:.0%}")
+    Console().print(steps)

@@ -142,9 +142,9 @@ class CoreConfig(_Section):
     # auto: probe at start-up whether the GEMM kernel gives a row the same bits at every row
     # count (model/row_invariance.py) and then run one GEMM per step; tiles: always fixed tiles.
     row_plan: Literal["auto", "tiles"] = "auto"
-    # auto: decode attention on the CPU runs Kev's C++ kernel (built once into ~/.cache/kev/kernels)
-    # when it builds; sdpa: torch's scaled_dot_product_attention over gathered keys.
-    attention: Literal["auto", "sdpa"] = "auto"
+    # auto: on the CPU, decode attention, rotary, RMSNorm and SiLU·mul run Kev's C++ kernels (built
+    # once into ~/.cache/kev/kernels) when they build; torch: torch ops only (SDPA per channel).
+    kernels: Literal["auto", "torch"] = "auto"
     # false: one GEMM over the whole step (faster, but a row's bits then depend on its
     # neighbours); kept to measure what invariance costs.
     batch_invariant: bool = True

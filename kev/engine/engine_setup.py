@@ -69,8 +69,8 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
     core = config.core
     model.prepack(config.router.max_parallel_queries)
     param = next(model.parameters())
-    if core.attention == "auto" and param.device.type == "cpu":
-        model.use_decode_kernel(load_cpu_kernels(cache_root()))
+    if core.kernels == "auto" and param.device.type == "cpu":
+        model.use_cpu_kernels(load_cpu_kernels(cache_root()))
     fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
     if core.row_plan == "tiles" or not core.batch_invariant:
         return fixed
@@ -94,8 +94,8 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
         for channel in range(router.channel_pool_size):
             blocks.reserve(channel, core.max_context)
     runner = ModelRunner(model, num_blocks, core.block_size, tile_plan(config, model))
-    log.info("linear rows: %s; decode attention: %s; %s, %d threads (OMP_WAIT_POLICY=%s)", runner.plan.label,
-             "kev kernel" if model.decode_kernel else "sdpa", runner.dtype, torch.get_num_threads(),
+    log.info("linear rows: %s; row ops and decode attention: %s; %s, %d threads (OMP_WAIT_POLICY=%s)", runner.plan.label,
+             "kev kernels" if model.cpu_kernels else "torch ops", runner.dtype, torch.get_num_threads(),
              os.environ.get("OMP_WAIT_POLICY", "unset"))
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
