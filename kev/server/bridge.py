@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 from kev.aggregator.result import Result
 from kev.engine.engine import Engine
-from kev.engine.stats import EngineStats
+from kev.engine.stats import EngineLoad, EngineStats
+from kev.model.tokenizer import Tokenizer
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
@@ -33,6 +34,10 @@ class EngineBridge:
     def __init__(self, engine: Engine, metrics: ServerMetrics, max_threads: int) -> None:
         self.engine, self.metrics = engine, metrics
         self.pool = ThreadPoolExecutor(max_threads, thread_name_prefix="kev-http")
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
 
     def start(self) -> None:
         """Nothing to start: the engine's loop already runs."""
@@ -75,9 +80,16 @@ class EngineBridge:
     async def stats(self) -> EngineStats:
         return self.engine.stats
 
+    def describe(self) -> dict[str, Any]:
+        return self.engine.describe()
+
+    async def load(self) -> EngineLoad:
+        return await self.run(self.engine.load)
+
     async def refresh_metrics(self) -> None:
         states, queue_length = await self.channels()
-        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, dict(self.engine.audit.alert_counts))
+        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, dict(self.engine.audit.alert_counts),
+                             await self.load())
 
     def watch(self, request_id: str, num_questions: int, listen: bool) -> Watch:
         loop = asyncio.get_running_loop()
@@ -91,8 +103,7 @@ class EngineBridge:
             for event in self.engine.stream(watch.request_id):
                 if event.result is not None:
                     self.metrics.observe_result(event.result)
-                if watch.events is not None:
-                    watch.post(event)
+                watch.post(event)
         except Exception:
             log.exception("watcher of request %s failed", watch.request_id)
         finally:

@@ -31,5 +31,7 @@ class ServerConfig(BaseModel):
     max_connections: int = Field(512, ge=1)
     keep_alive_s: float = Field(5.0, gt=0)
     shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: in-flight requests may finish this long, then are cancelled
+    access_log: bool = True  # one INFO line per request (id, questions, statuses, latency) on logger kev.access
+    stats_interval_s: float = Field(10.0, ge=0)  # a throughput / queue / KV usage line this often while busy; 0: never
     result_ttl_s: float = Field(600.0, gt=0)  # how long results of an async request stay readable after it finished
     max_retained_results: int = Field(1024, ge=1)  # finished async requests kept at most (oldest forgotten first)
