@@ -60,7 +60,8 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_ops.router, playground.router):
         app.include_router(router)
     _document_served_model(app, service.model_name)
-    app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key, max_body_bytes=config.server.max_body_bytes)
+    app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key, max_body_bytes=config.server.max_body_bytes,
+                       body_timeout_s=config.server.body_timeout_s)
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: counts the gate's refusals too
     return app
 
