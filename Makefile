@@ -59,8 +59,9 @@ $(VLLM_VENV)/.installed:
 # Kev against vLLM-CPU, side by side in one run: N = 1, 16, 64 (64 new tokens, EOS ignored), then the mixed batch.
 bench-vllm: install $(VLLM_VENV)/.installed
 	mkdir -p bench/results
-	$(BIN)/kev bench --against vllm --sizes 1,16,64 --no-hf --no-invariance-cost --out bench/results/vllm-throughput-$$($(BIN)/python -c "import kev.config as c; print(c.load_config({}).core.resolved_precision)").json
-	$(BIN)/kev bench --scenario mixed --against vllm --out bench/results/vllm-mixed.json
+	$(BIN)/kev bench --against vllm --sizes 1,16,64 --no-hf --no-invariance-cost --out bench/results/vllm_throughput_bf16.json
+	$(BIN)/kev bench --against vllm --sizes 1,16,64 --no-hf --no-invariance-cost --precision fp32 --out bench/results/vllm_throughput_fp32.json
+	$(BIN)/kev bench --scenario mixed --against vllm --out bench/results/vllm_mixed_bf16.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info
