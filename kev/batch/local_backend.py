@@ -1,0 +1,34 @@
+"""The backend a `kev batch` job runs on: an engine in this process, replicas, or a cluster (deploy.mode)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from kev.config import KevConfig
+from kev.errors import UnavailableError
+from kev.server.backend import Backend, build_backend
+from kev.server.metrics import ServerMetrics
+
+CONNECT_TIMEOUT_S = 60.0
+
+
+async def open_backend(config: KevConfig) -> Backend:
+    """Loads the model (or, distributed, the router's tokenizer) and connects; the same seam `kev serve` uses."""
+    backend = await asyncio.to_thread(build_backend, config, ServerMetrics(), None)
+    backend.start()
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while backend.unavailable is not None:  # distributed: until the link to NATS is up
+        if time.monotonic() > deadline:
+            await backend.shutdown()
+            raise UnavailableError(f"the cluster is unavailable: {backend.unavailable} (deploy.nats_url="
+                                   f"{config.deploy.nats_url})")
+        await asyncio.sleep(0.1)
+    return backend
+
+
+def default_max_inflight(config: KevConfig) -> int:
+    """batch.max_inflight, else router.channel_pool_size per engine: every channel busy, the next question waiting."""
+    if config.batch.max_inflight is not None:
+        return config.batch.max_inflight
+    engines = {"multi_gpu": len(config.deploy.devices), "distributed": config.deploy.num_partitions}.get(config.deploy.mode, 1)
+    return config.router.channel_pool_size * max(engines, 1)
