@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kev.batch.input_file import Format, LineError, read_lines
-from kev.batch.local_backend import default_max_inflight, open_backend
+from kev.batch.local_backend import close_backend, default_max_inflight, open_backend
 from kev.batch.output_file import OutputFile, Resumed, resume
 from kev.batch.progress_view import ProgressView
 from kev.batch.records import error_key, invalid_record
@@ -118,7 +118,7 @@ async def _run(config: KevConfig, job: PreparedJob, options: JobOptions, out: Ou
             finished = await runner.run(job.requests, emit, stop)
             tally.interrupted = not finished
         finally:
-            await backend.shutdown()
+            await close_backend(backend)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
 
