@@ -128,7 +128,11 @@ class BatchManager:
         path = self.store.data_path(record["input_file_id"])
         if self.store.file(record["input_file_id"]) is None:
             return [], [LineError(0, None, "input_file_id", f"{record['input_file_id']!r} no longer exists")]
-        lines, errors = read_lines(path.read_text(encoding="utf-8", errors="replace").split("\n"), "jsonl")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            return [], [LineError(0, None, "input_file_id", f"not UTF-8 text ({err.reason} at byte {err.start})")]
+        lines, errors = read_lines(text.split("\n"), "jsonl")
         for line in lines:
             if line.url != record["endpoint"]:
                 errors.append(LineError(line.line_no, line.custom_id, "url",

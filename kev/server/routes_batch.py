@@ -16,7 +16,7 @@ from kev.batch.server_batches import BatchManager, public
 from kev.server.errors import ApiError, error_responses
 
 router = APIRouter(tags=["batch"])
-_ERRORS = error_responses(400, 401, 404, 413, 422)
+_ERRORS = error_responses(400, 401, 404, 413, 422, 503)
 
 
 def get_batches(request: Request) -> BatchManager:
