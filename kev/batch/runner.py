@@ -17,7 +17,7 @@ from typing import Any
 from kev.aggregator.result import Result
 from kev.batch.records import answer_record, response_record
 from kev.batch.requests import BatchRequest
-from kev.errors import InvalidRequestError, RejectedError, UnavailableError, UnknownRequestError
+from kev.errors import InvalidRequestError, RejectedError, UnavailableError
 from kev.server.backend import Backend
 from kev.server.errors import error_body
 
@@ -57,11 +57,12 @@ class BatchRunner:
             emit(position, request, record)
 
     async def _answer(self, request: BatchRequest, stop: asyncio.Event) -> dict[str, Any] | None:
-        request_id = await self._submit(request, stop)
+        try:
+            request_id = await self._submit(request, stop)
+        except InvalidRequestError as err:  # refused outright (e.g. an isolation level over the cap)
+            return response_record(request.custom_id, 422, error_body(422, str(err), None), None)
         if request_id is None:
             return None
-        if isinstance(request_id, dict):
-            return request_id
         try:
             watch = self.backend.watch(request_id, len(request.queries), listen=False)
             if not await _first(watch.done.wait(), stop):
@@ -73,15 +74,13 @@ class BatchRunner:
             return None
         return answer_record(request, request_id, results, self.model_name)
 
-    async def _submit(self, request: BatchRequest, stop: asyncio.Event) -> str | dict[str, Any] | None:
-        """The request_id; an error line for a request the backend refuses outright; None when stopped."""
+    async def _submit(self, request: BatchRequest, stop: asyncio.Event) -> str | None:
+        """The request_id, or None when stopped first; InvalidRequestError passes through."""
         attempt = 0
         while not stop.is_set():
             try:
                 return await self.backend.submit(request.queries, request.options)
-            except InvalidRequestError as err:
-                return response_record(request.custom_id, 422, error_body(422, str(err), None), None)
-            except (RejectedError, UnavailableError, TimeoutError, UnknownRequestError) as err:
+            except (RejectedError, UnavailableError, TimeoutError) as err:  # full, or unreachable: wait it out
                 log.debug("line %d: %s; retrying", request.line.line_no, err)
             await _first(asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)]), stop)
             attempt += 1
