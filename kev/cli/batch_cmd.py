@@ -46,8 +46,12 @@ def run(args: argparse.Namespace) -> int:
                          args.skip_invalid, args.quiet, defaults)
     lines, source = read_source(args.input)
     fmt = args.format or ("txt" if args.input.endswith(".txt") else "jsonl")
-    job = prepare(config, lines, fmt, source, options)
-    tally = run_job(config, job, options)
+    try:
+        job = prepare(config, lines, fmt, source, options)
+        tally = run_job(config, job, options)
+    except KeyboardInterrupt:  # before the job's own Ctrl-C handling is in place (reading, loading)
+        print("kev batch: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
     if args.json_summary:
         Path(args.json_summary).write_text(json.dumps({**tally.summary(), "output": args.output}, indent=1) + "\n")
     if not args.quiet:
