@@ -31,7 +31,7 @@ def engine_for(model, tokenizer, n: int, invariant: bool, record: bool) -> kev.E
 def check(shape: str, precision: str, n: int, max_tokens: int) -> dict:
     device = pick_device("auto")
     cfg = SHAPES[shape]
-    model = random_model(cfg, precision, device, tile=16, max_positions=2048)  # tile: the lm_head tile
+    model = random_model(cfg, precision, device, max_positions=2048)
     tokenizer = Tokenizer.from_folder(resolve_model_path("smollm2-135m-instruct"))
     rng = random.Random(0)
     questions = [{"prompt_ids": [rng.randrange(cfg.vocab_size) for _ in range(rng.choice([5, 40, 130, 600]))],

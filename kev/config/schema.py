@@ -137,6 +137,12 @@ class CoreConfig(_Section):
     # prefill chunk uses prefill_tile (fewer weight reads per row).
     linear_tile: int = Field(16, ge=1, le=1024)
     prefill_tile: int = Field(64, ge=1, le=4096)
+    # auto: probe at start-up whether the GEMM kernel gives a row the same bits at every row
+    # count (model/row_invariance.py) and then run one GEMM per step; tiles: always fixed tiles.
+    row_plan: Literal["auto", "tiles"] = "auto"
+    # auto: decode attention on the CPU runs Kev's C++ kernel (built once into ~/.cache/kev/kernels)
+    # when it builds; sdpa: torch's scaled_dot_product_attention over gathered keys.
+    attention: Literal["auto", "sdpa"] = "auto"
     # false: one GEMM over the whole step (faster, but a row's bits then depend on its
     # neighbours); kept to measure what invariance costs.
     batch_invariant: bool = True

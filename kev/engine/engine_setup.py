@@ -5,7 +5,7 @@ Derived sizes are computed here, once, and logged.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,8 +20,10 @@ from kev.errors import ConfigError
 from kev.isolation.block_manager import BlockManager
 from kev.isolation.memory_plan import kv_pool_blocks
 from kev.isolation.prefix_store import PrefixStore
+from kev.model.kernels import load_cpu_kernels
 from kev.model.llama import LlamaModel
-from kev.model.model_store import resolve_model_path
+from kev.model.model_store import cache_root, resolve_model_path
+from kev.model.row_invariance import probe as probe_rows
 from kev.model.tokenizer import Tokenizer
 from kev.model.weights import load_model
 from kev.router.router import Router
@@ -53,8 +55,27 @@ def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
     device = pick_device(core.device)
     if core.precision == "fp16" and device.type == "cpu":
         raise ConfigError("core.precision: fp16 needs a CUDA device (core.device is cpu); use fp32 or bf16")
-    model = load_model(folder, core.precision, device, core.linear_tile, core.max_context)
+    model = load_model(folder, core.precision, device, core.max_context)
     return model, Tokenizer.from_folder(folder)
+
+
+def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
+    """Prepack the weights and load the decode kernel for the CPU, then let the row invariance probe decide between one
+    GEMM per step and fixed tiles (core.row_plan: tiles skips the probe)."""
+    core = config.core
+    model.prepack(config.router.max_parallel_queries)
+    param = next(model.parameters())
+    if core.attention == "auto" and param.device.type == "cpu":
+        model.use_decode_kernel(load_cpu_kernels(cache_root()))
+    fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
+    if core.row_plan == "tiles" or not core.batch_invariant:
+        return fixed
+    max_samples = max(config.router.max_parallel_queries, 2)
+    verdict = probe_rows(model.row_multiplies(core.max_step_tokens, max_samples), param.dtype, param.device,
+                         cache_root() / "probes", model.kernel_identity())
+    if not verdict.free_rows:
+        return fixed
+    return replace(fixed, free_rows=True, min_rows=verdict.min_rows)
 
 
 def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: Tokenizer | None = None) -> EngineParts:
@@ -68,7 +89,8 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     if unified:
         for channel in range(router.channel_pool_size):
             blocks.reserve(channel, core.max_context)
-    runner = ModelRunner(model, num_blocks, core.block_size, TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant))
+    runner = ModelRunner(model, num_blocks, core.block_size, tile_plan(config, model))
+    log.info("linear rows: %s (%s, %d threads)", runner.plan.label, runner.dtype, torch.get_num_threads())
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
     limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context,

@@ -1,9 +1,11 @@
 """Pack a step's work into StepMetadata: one flat token batch, per-channel spans.
 
-Tile plan (why rows are laid out this way): a row's bits depend on the size of the
-GEMM tile it is multiplied in, so that size must depend only on the row's own
-question. Decode rows (one per channel) share small tiles; each prefill chunk gets
-tiles of its own, big ones first, padded with zero rows that are never read back.
+Tile plan (why rows are laid out this way): a row's bits may depend on the size of the
+GEMM it is multiplied in. Where the start-up probe (model/row_invariance.py) found that
+they do not (every M ≥ min_rows gives the same bits), the whole step is one GEMM per
+layer. Otherwise the size must depend only on the row's own question: decode rows (one
+per channel) share small tiles; each prefill chunk gets tiles of its own, big ones
+first, padded with zero rows that are never read back.
 """
 from __future__ import annotations
 
@@ -18,9 +20,28 @@ from kev.model.step_metadata import ChannelSpan, StepMetadata
 
 @dataclass(frozen=True)
 class TilePlan:
-    small: int  # decode rows
-    big: int  # the body of a prefill chunk
+    small: int  # decode rows (fixed tiles)
+    big: int  # the body of a prefill chunk (fixed tiles)
     invariant: bool = True  # False: the whole step is one GEMM (for measuring what invariance costs)
+    free_rows: bool = False  # the probe proved one GEMM per step invariant: no tiles at all
+    min_rows: int = 1  # free rows: pad a GEMM to at least this many rows
+
+    @property
+    def is_one_gemm(self) -> bool:
+        return self.free_rows or not self.invariant
+
+    @property
+    def label(self) -> str:
+        if not self.invariant:
+            return "tiles=step"
+        return f"rows=free,min{self.min_rows}" if self.free_rows else f"tiles={self.small}/{self.big}"
+
+    def for_step(self, num_rows: int) -> list[int]:
+        """One GEMM over the step's rows (free rows, or invariance off)."""
+        return [max(num_rows, self.min_rows)]
+
+    def for_samples(self, num_rows: int) -> list[int]:
+        return self.for_step(num_rows) if self.is_one_gemm else self.for_decode(num_rows)
 
     def for_chunk(self, length: int) -> list[int]:
         """Big tiles, then one tile (small, 2×small, … up to big) for the rest: one padded
@@ -68,6 +89,7 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
     sample_rows: list[int] = []
     decode = [w for w in work if w.length == 1 and w.start >= len(w.question.prompt_ids)]
     prefill = [w for w in work if w not in decode]
+    one_gemm = plan.is_one_gemm
     for group in [decode] + [[w] for w in prefill]:
         for w in group:
             q, channel, end = w.question, w.question.channel_id, w.start + w.length
@@ -79,12 +101,14 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
                                      q.prefix_len))
             if w.samples:
                 sample_rows.append(q_start + w.length - 1)
-        if group:
+        if group and not one_gemm:
             rows.close_tiles(plan.for_decode(len(group)) if group is decode else plan.for_chunk(group[0].length))
+    if one_gemm:
+        rows.close_tiles(plan.for_step(len(rows.input_ids)))
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
     return StepMetadata(
-        input_ids=as_tensor(rows.input_ids), positions=as_tensor(rows.positions),
-        tiles=rows.tiles if plan.invariant else [sum(rows.tiles)],
+        input_ids=as_tensor(rows.input_ids), positions=as_tensor(rows.positions), tiles=rows.tiles,
+        sample_tiles=plan.for_samples(len(sample_rows)),
         token_rows=as_tensor(rows.token_rows), slot_mapping=as_tensor(slot_mapping), spans=spans,
         sample_rows=as_tensor(sample_rows),
     )

@@ -1,7 +1,6 @@
 """Paged, per-channel attention: each channel attends over exactly its own keys.
 
-Running each channel over its own key slots (never a length set by other channels; a
-decode query's keys are padded to a length that depends only on its own context)
+Running each channel over its own key slots (never a length set by other channels)
 keeps its reduction shapes identical alone or packed: that is what makes the
 answer bit-identical to a solo run, and what makes cross-channel visibility impossible
 by construction rather than by masking.
@@ -11,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kev.model.step_metadata import StepMetadata
+from kev.model.step_metadata import ChannelSpan, StepMetadata
 
 
 class PagedKVLayer:
@@ -26,21 +25,27 @@ class PagedKVLayer:
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata, decode_kernel: bool
 ) -> torch.Tensor:
-    """q: [num_rows, heads, dim]; k, v: [num_rows, kv_heads, dim] for the new tokens. Returns [num_rows, heads, dim]."""
+    """q: [num_rows, heads, dim]; k, v: [num_rows, kv_heads, dim] for the new tokens. Returns [num_rows, heads, dim].
+
+    decode_kernel: one-query channels run Kev's C++ kernel (model/kernels), which reads each channel's
+    keys in place, all in one call; prefill chunks (and, without the kernel, every channel) are gathered
+    and attended with SDPA, one call per channel."""
     new_kv = torch.stack([k, v]).index_select(1, meta.token_rows)  # [2, num_tokens, kv_heads, dim]
     cache.kv.index_copy_(1, meta.slot_mapping, new_kv)
     out = torch.zeros_like(q)
-    for group in meta.decode_groups:
-        # One call per padded length: a per-channel call costs more in dispatch than in arithmetic.
-        batch = group.rows.numel()
-        keys_values = cache.kv.index_select(1, group.kv_slots).unflatten(1, (batch, group.padded_len))
-        keys_values = keys_values.permute(0, 1, 3, 2, 4)  # [2, B, kv_heads, padded_len, dim]
-        o = F.scaled_dot_product_attention(q.index_select(0, group.rows).unsqueeze(2), keys_values[0], keys_values[1],
-                                           attn_mask=group.key_mask, enable_gqa=True)  # [B, heads, 1, dim]
-        out.index_copy_(0, group.rows, o.squeeze(2))
-    for span in meta.chunk_spans:
+    batch = meta.decode_batch if decode_kernel else None
+    if batch is not None:
+        torch.ops.kev.decode_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.offsets, q.shape[-1] ** -0.5)
+    _spans_sdpa(q, cache, meta.chunk_spans if decode_kernel else meta.spans, out)
+    return out
+
+
+def _spans_sdpa(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan], out: torch.Tensor) -> None:
+    """One SDPA call per channel over exactly its own keys: torch's CPU SDPA splits its work by batch size,
+    so batching channels (even of equal length) would change their bits."""
+    for span in spans:
         rows = slice(span.q_start, span.q_start + span.q_len)
         keys_values = cache.kv.index_select(1, span.kv_slots).transpose(1, 2)  # [2, kv_heads, ctx_len, dim]
         queries = q[rows].transpose(0, 1)  # [heads, q_len, dim]
@@ -49,4 +54,3 @@ def paged_attention(
             attn_mask=span.attn_mask, is_causal=span.is_causal, enable_gqa=True,
         )  # [1, heads, q_len, dim]
         out[rows] = o[0].transpose(0, 1)
-    return out

@@ -5,6 +5,8 @@ gate_up_proj), which halve the number of tiled GEMM calls per layer.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,8 +14,9 @@ from torch import nn
 from kev.model.attention import PagedKVLayer, paged_attention
 from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
+from kev.model.row_invariance import Multiply
 from kev.model.step_metadata import StepMetadata
-from kev.model.tiled_linear import TiledLinear, pad_rows, tiled_matmul
+from kev.model.linear import Linear, PackedWeight, can_prepack, tiled_matmul
 
 
 class RMSNorm(nn.Module):
@@ -35,23 +38,24 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
-        self.qkv_proj = TiledLinear(cfg.hidden_size, q_size + 2 * kv_size, cfg.attention_bias)
-        self.o_proj = TiledLinear(q_size, cfg.hidden_size, False)
+        self.decode_kernel = False  # set by LlamaModel.use_decode_kernel
+        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, cfg.attention_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size, False)
 
     def forward(self, x: torch.Tensor, rope: RotaryTable, meta: StepMetadata, cache: PagedKVLayer) -> torch.Tensor:
         q, k, v = self.qkv_proj(x, meta.tiles).split(self.split_sizes, dim=-1)
         q = rope.apply(q.view(-1, self.num_heads, self.head_dim), meta.positions)  # [rows, heads, dim]
         k = rope.apply(k.view(-1, self.num_kv_heads, self.head_dim), meta.positions)  # [rows, kv_heads, dim]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, cache, meta)
+        out = paged_attention(q, k, v, cache, meta, self.decode_kernel)
         return self.o_proj(out.flatten(1), meta.tiles)  # [rows, hidden]
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_up_proj = TiledLinear(cfg.hidden_size, 2 * cfg.intermediate_size, False)
-        self.down_proj = TiledLinear(cfg.intermediate_size, cfg.hidden_size, False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False)
 
     def forward(self, x: torch.Tensor, tiles: list[int]) -> torch.Tensor:
         gate, up = self.gate_up_proj(x, tiles).chunk(2, dim=-1)
@@ -71,27 +75,66 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x), meta.tiles)
 
 
+def _as_one_tile(linear: Linear, x: torch.Tensor) -> torch.Tensor:
+    return linear(x, [x.shape[0]])
+
+
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, tile: int, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
-        self.config, self.tile = cfg, tile
+        self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else TiledLinear(cfg.hidden_size, cfg.vocab_size, False)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False)
         self.max_positions = max_positions
         self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+        self.packed_head: PackedWeight | None = None
+
+    def prepack(self, rows_hint: int) -> None:
+        """Reorder every linear weight once for the CPU kernel (no-op where it does not apply)."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.prepack(rows_hint)
+        if self.lm_head is None and can_prepack(self.embed_tokens.weight):
+            self.packed_head = PackedWeight(self.embed_tokens.weight, rows_hint)
+
+    def use_decode_kernel(self, enabled: bool) -> None:
+        for layer in self.layers:
+            layer.self_attn.decode_kernel = enabled
+
+    @property
+    def decode_kernel(self) -> bool:
+        return bool(self.layers[0].self_attn.decode_kernel)
+
+    def kernel_identity(self) -> str:
+        """What decides the bits of a linear row: the shapes and whether weights are prepacked."""
+        cfg, head = self.config, self.layers[0].self_attn.qkv_proj
+        kernel = "onednn-prepacked" if head.packed is not None else "torch-linear"
+        return f"{cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_heads}/{cfg.num_kv_heads}/{cfg.vocab_size}/{kernel}"
+
+    def row_multiplies(self, max_rows: int, max_samples: int) -> dict[str, tuple[int, Multiply, int]]:
+        """Each linear shape as the forward runs it, with the most rows a call can have (for the probe)."""
+        layer = self.layers[0]
+        linears = {"qkv": layer.self_attn.qkv_proj, "o": layer.self_attn.o_proj,
+                   "gate_up": layer.mlp.gate_up_proj, "down": layer.mlp.down_proj}
+        found = {name: (m.weight.shape[1], partial(_as_one_tile, m), max_rows) for name, m in linears.items()}
+        found["lm_head"] = (self.config.hidden_size, lambda x: self.logits(x, [x.shape[0]]), max_samples)
+        return found
 
     def forward(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:
         """Runs the packed step; returns fp32 logits [num_samples, vocab] for meta.sample_rows only."""
         x = self.embed_tokens(meta.input_ids)  # [rows, hidden]
         for layer, cache in zip(self.layers, caches):
             x = layer(x, self.rope, meta, cache)
-        picked = pad_rows(x.index_select(0, meta.sample_rows), self.tile)  # [samples (padded), hidden]
-        return self.logits(self.norm(picked))[: meta.sample_rows.numel()].float()
+        picked = x.index_select(0, meta.sample_rows)  # [samples, hidden]
+        missing = sum(meta.sample_tiles) - picked.shape[0]
+        picked = torch.cat([picked, picked.new_zeros(missing, picked.shape[1])]) if missing else picked
+        return self.logits(self.norm(picked), meta.sample_tiles)[: meta.sample_rows.numel()].float()
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [rows, hidden], rows a multiple of self.tile."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return tiled_matmul(hidden, weight, None, [self.tile] * (hidden.shape[0] // self.tile))
+    def logits(self, hidden: torch.Tensor, tiles: list[int]) -> torch.Tensor:
+        """hidden: [sum(tiles), hidden]."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden, tiles)
+        return tiled_matmul(hidden, self.embed_tokens.weight, None, tiles, self.packed_head)

@@ -49,9 +49,14 @@ def resolve_model_path(name_or_path: str) -> Path:
     )
 
 
+def cache_root() -> Path:
+    """Kev's cache: $KEV_CACHE_DIR, default ~/.cache/kev (models, kernels, probe verdicts)."""
+    return Path(os.environ.get("KEV_CACHE_DIR") or "~/.cache/kev").expanduser()
+
+
 def cache_dir() -> Path:
     """Where converted models live: $KEV_CACHE_DIR/models, default ~/.cache/kev/models."""
-    return Path(os.environ.get("KEV_CACHE_DIR") or "~/.cache/kev").expanduser() / "models"
+    return cache_root() / "models"
 
 
 def _alias_gguf(alias: str, spec: GGUFPackageAlias) -> Path:

@@ -11,11 +11,6 @@ from functools import cached_property
 
 import torch
 
-# Decode attention runs over a channel's keys padded (masked) to a multiple of this, so that
-# channels of the same padded length share one batched call; the padding depends only on the
-# channel's own context length, so its bits are the same alone or packed.
-KEY_BUCKET = 64
-
 
 @dataclass
 class ChannelSpan:
@@ -35,25 +30,22 @@ class ChannelSpan:
 class StepMetadata:
     input_ids: torch.Tensor  # [num_rows]: real tokens plus zero padding that fills each tile
     positions: torch.Tensor  # [num_rows] restart at 0 in every channel
-    tiles: list[int]  # row-tile sizes in order, sum == num_rows (see TiledLinear)
+    tiles: list[int]  # row-tile sizes in order, sum == num_rows (see model/linear.py)
     token_rows: torch.Tensor  # [num_tokens] rows holding real tokens
     slot_mapping: torch.Tensor  # [num_tokens] cache slot where each real token's K/V goes
     spans: list[ChannelSpan]
     sample_rows: torch.Tensor  # [num_samples] rows whose next-token logits are needed
+    sample_tiles: list[int]  # row tiles of the lm_head GEMM over the sampled rows (padded)
 
     @property
     def num_tokens(self) -> int:
         return self.slot_mapping.numel()
 
     @cached_property
-    def decode_groups(self) -> list[DecodeGroup]:
-        """The one-query spans, grouped by padded context length. Built from the spans on first use
-        (after any audit or test hook has seen them), so the keys attended are the spans' own."""
-        by_length: dict[int, list[ChannelSpan]] = {}
-        for span in self.spans:
-            if span.q_len == 1:
-                by_length.setdefault(-(-span.ctx_len // KEY_BUCKET) * KEY_BUCKET, []).append(span)
-        return [DecodeGroup.build(spans, length) for length, spans in by_length.items()]
+    def decode_batch(self) -> DecodeBatch | None:
+        """Every one-query span, for the in-place decode kernel (None when there is none)."""
+        spans = [span for span in self.spans if span.q_len == 1]
+        return DecodeBatch.build(spans) if spans else None
 
     @cached_property
     def chunk_spans(self) -> list[ChannelSpan]:
@@ -62,19 +54,16 @@ class StepMetadata:
 
 
 @dataclass
-class DecodeGroup:
-    """Channels with one query row each and the same padded key length, attended in one call."""
+class DecodeBatch:
+    """The one-query channels of a step as flat arrays: channel c's keys are kv_slots[offsets[c]:offsets[c + 1]]."""
 
     rows: torch.Tensor  # [B] the query row of each channel
-    kv_slots: torch.Tensor  # [B * padded_len] each channel's key slots, padded with its own first slot
-    key_mask: torch.Tensor  # [B, 1, 1, padded_len] True for the channel's real keys
-    padded_len: int
+    kv_slots: torch.Tensor  # [sum of ctx_len] each channel's key slots in position order
+    offsets: torch.Tensor  # [B + 1]
 
     @staticmethod
-    def build(spans: list[ChannelSpan], padded_len: int) -> DecodeGroup:
+    def build(spans: list[ChannelSpan]) -> DecodeBatch:
         device = spans[0].kv_slots.device
-        slots = [torch.cat([s.kv_slots, s.kv_slots[:1].expand(padded_len - s.ctx_len)]) for s in spans]
-        lengths = torch.tensor([s.ctx_len for s in spans], device=device)
-        key_mask = torch.arange(padded_len, device=device)[None, :] < lengths[:, None]
         rows = torch.tensor([s.q_start for s in spans], dtype=torch.long, device=device)
-        return DecodeGroup(rows, torch.cat(slots), key_mask[:, None, None, :], padded_len)
+        offsets = torch.tensor([0] + [s.ctx_len for s in spans], dtype=torch.long, device=device).cumsum(0)
+        return DecodeBatch(rows, torch.cat([s.kv_slots for s in spans]), offsets)

@@ -19,11 +19,11 @@ _FUSED = {
 }
 
 
-def load_model(folder: Path, precision: str, device: torch.device, tile: int, max_positions: int) -> LlamaModel:
+def load_model(folder: Path, precision: str, device: torch.device, max_positions: int) -> LlamaModel:
     cfg = ModelConfig.from_folder(folder)
     tensors = _read_safetensors(folder)
     with torch.device("meta"):
-        model = LlamaModel(cfg, tile, max_positions)
+        model = LlamaModel(cfg, max_positions)
     state = _to_kev_names(tensors, cfg)
     missing = set(model.state_dict()) - set(state)
     if missing:
@@ -32,10 +32,10 @@ def load_model(folder: Path, precision: str, device: torch.device, tile: int, ma
     return _finish(model, precision, device)
 
 
-def random_model(cfg: ModelConfig, precision: str, device: torch.device, tile: int, max_positions: int, seed: int = 0) -> LlamaModel:
+def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_positions: int, seed: int = 0) -> LlamaModel:
     """Random weights of the given shapes, for benchmarks of models we do not ship."""
     generator = torch.Generator().manual_seed(seed)
-    model = LlamaModel(cfg, tile, max_positions)
+    model = LlamaModel(cfg, max_positions)
     for name, param in model.named_parameters():
         if name.endswith("layernorm.weight") or name == "norm.weight":
             param.data.fill_(1.0)

@@ -1,5 +1,5 @@
-"""Decode attention is batched per padded key length: a channel's output bits must not depend on
-which other channels share its call, and its keys must be its own."""
+"""Decode attention (the C++ kernel, or SDPA batched per padded key length): a channel's output bits
+must not depend on which other channels share its call, and its keys must be its own."""
 from __future__ import annotations
 
 import random
@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from kev.model.attention import PagedKVLayer, paged_attention
-from kev.model.step_metadata import KEY_BUCKET, ChannelSpan, StepMetadata
+from kev.model.kernels import load_cpu_kernels
+from kev.model.model_store import cache_root
+from kev.model.step_metadata import ChannelSpan, StepMetadata
 
 HEADS, KV_HEADS, DIM, SLOTS = 9, 3, 64, 4096
 CONTEXTS = [1, 5, 37, 63, 64, 65, 90, 127, 128, 129, 200, 333]
@@ -21,11 +23,18 @@ def decode_step(contexts: list[int], slots: dict[int, torch.Tensor]) -> StepMeta
              for row, channel in enumerate(slots)]
     rows = torch.arange(len(spans))
     last_slot = torch.stack([span.kv_slots[-1] for span in spans])
-    return StepMetadata(rows, rows, [len(spans)], rows, last_slot, spans, rows)
+    return StepMetadata(rows, rows, [len(spans)], rows, last_slot, spans, rows, [len(spans)])
 
 
+@pytest.fixture(scope="module")
+def kernel_built(tmp_path_factory) -> bool:
+    return load_cpu_kernels(cache_root())
+
+
+@pytest.mark.parametrize("decode_kernel", [False, True], ids=["sdpa", "kev-kernel"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_channels_decode_attention_is_the_same_alone_and_packed(dtype):
+def test_a_channels_decode_attention_is_the_same_alone_and_packed(dtype, decode_kernel, kernel_built):
+    assert kernel_built or not decode_kernel, "the C++ decode kernel did not build (see the warning above)"
     gen = torch.Generator().manual_seed(0)
     cache = PagedKVLayer(SLOTS, KV_HEADS, DIM, dtype, torch.device("cpu"))
     cache.kv.copy_(torch.randn(cache.kv.shape, generator=gen))
@@ -42,7 +51,7 @@ def test_a_channels_decode_attention_is_the_same_alone_and_packed(dtype):
         q = torch.cat([queries[c] for c in order])
         k = torch.stack([new_kv[c][0] for c in order])
         v = torch.stack([new_kv[c][1] for c in order])
-        out = paged_attention(q, k, v, cache, meta)
+        out = paged_attention(q, k, v, cache, meta, decode_kernel)
         return {c: out[row] for row, c in enumerate(order)}
 
     alone = {c: run([c])[c] for c in slots}
@@ -60,18 +69,3 @@ def test_a_channels_decode_attention_is_the_same_alone_and_packed(dtype):
         exact = F.scaled_dot_product_attention(queries[channel].transpose(0, 1)[None], keys_values[0], keys_values[1],
                                                enable_gqa=True)[0, :, 0]
         assert (out.float() - exact.float()).abs().max() < tolerance
-
-
-def test_decode_groups_pad_with_the_channels_own_slots():
-    slots = {c: torch.arange(1000 * c, 1000 * c + ctx) for c, ctx in enumerate(CONTEXTS)}
-    meta = decode_step(CONTEXTS, slots)
-    assert sum(group.rows.numel() for group in meta.decode_groups) == len(CONTEXTS)
-    for group in meta.decode_groups:
-        assert group.padded_len % KEY_BUCKET == 0
-        for i, row in enumerate(group.rows.tolist()):
-            span = meta.spans[row]
-            keys = group.kv_slots[i * group.padded_len:(i + 1) * group.padded_len]
-            assert set(keys.tolist()) <= set(span.kv_slots.tolist())
-            assert group.key_mask[i].sum() == span.ctx_len
-            assert torch.equal(keys[: span.ctx_len], span.kv_slots)
-            assert span.ctx_len <= group.padded_len < span.ctx_len + KEY_BUCKET

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kev.engine.packer import TilePlan
-from kev.model.tiled_linear import tiled_matmul
+from kev.model.linear import tiled_matmul
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
 

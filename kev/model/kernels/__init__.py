@@ -1,0 +1,49 @@
+"""Kev's small C++ kernels (CPU), built once with torch's extension builder and cached under
+~/.cache/kev/kernels. Where they cannot be built (no compiler), the model runs on torch ops and
+says so in its numerics fingerprint."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("kev.model")
+
+SOURCES = [Path(__file__).with_name("decode_attention.cpp")]
+# -fopenmp: at::parallel_for is OpenMP in torch's CPU build (the same libgomp.so.1 torch loaded is reused).
+FLAGS = ["-O3", "-march=native", "-fopenmp"]
+_lock = threading.Lock()
+_loaded: dict[str, bool] = {}
+
+
+def build_dir(cache: Path) -> Path:
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    digest.update(" ".join(FLAGS + [torch.__version__]).encode())
+    return cache / "kernels" / digest.hexdigest()[:16]
+
+
+def load_cpu_kernels(cache: Path) -> bool:
+    """Build (first time) and load the kernels into torch.ops.kev; False when that fails."""
+    with _lock:
+        if "cpu" not in _loaded:
+            _loaded["cpu"] = _build(build_dir(cache))
+        return _loaded["cpu"]
+
+
+def _build(folder: Path) -> bool:
+    from torch.utils.cpp_extension import load
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        load(name="kev_kernels", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(folder),
+             is_python_module=False, verbose=False)
+    except Exception as error:  # noqa: BLE001 - any build failure means: run on torch ops, loudly
+        log.warning("Kev's C++ kernels could not be built (%s: %s); decode attention runs on torch SDPA",
+                    type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+        return False
+    return True

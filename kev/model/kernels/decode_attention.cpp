@@ -1,0 +1,161 @@
+// Paged decode attention for the CPU: one query row per channel, keys read in place from the paged
+// cache through the channel's own slot list. Each (channel, kv head) is one task computed start to
+// end by one thread in a fixed order, so a channel's bits depend only on its own query and keys:
+// never on which channels share the call, how many threads run, or where the row sits.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kLanes = 16;
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const at::BFloat16* p, int64_t i) {
+  uint32_t bits = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[i]) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+inline float load(const at::Half* p, int64_t i) { return static_cast<float>(p[i]); }
+
+// exp for x <= 0 (scores minus their max): Cody-Waite range reduction and a degree-6 polynomial,
+// plain arithmetic so the compiler vectorizes the loop that calls it (libm's expf is scalar).
+inline float exp_nonpositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  // round to nearest by the 1.5 * 2^23 trick: plain adds, so the loop vectorizes
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// One row of dim values as fp32 (dim a multiple of 16 takes the vector path).
+template <typename T>
+inline void to_float(const T* src, float* dst, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) dst[d] = load(src, d);
+}
+#if defined(__AVX512F__)
+template <>
+inline void to_float<at::BFloat16>(const at::BFloat16* src, float* dst, int64_t n) {
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + d));
+    _mm512_storeu_ps(dst + d, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16)));
+  }
+  for (; d < n; ++d) dst[d] = load(src, d);
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  if (n % 16 == 0) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < n; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
+    return _mm512_reduce_add_ps(acc);
+  }
+  float lanes[kLanes] = {0.0f};
+#else
+inline float dot(const float* a, const float* b, int64_t n) {
+  float lanes[kLanes] = {0.0f};
+#endif
+  int64_t d = 0;
+  for (; d + kLanes <= n; d += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += a[d + l] * b[d + l];
+  for (; d < n; ++d) lanes[d % kLanes] += a[d] * b[d];
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  return lanes[0];
+}
+
+template <typename T>
+void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::Tensor& rows,
+         const at::Tensor& slots, const at::Tensor& offsets, double scale) {
+  const int64_t heads = q.size(1), dim = q.size(2), kv_heads = kv.size(2), num_slots = kv.size(1);
+  const int64_t group = heads / kv_heads, num_channels = rows.size(0);
+  const T* q_ptr = q.data_ptr<T>();
+  const T* k_ptr = kv.data_ptr<T>();
+  const T* v_ptr = k_ptr + num_slots * kv_heads * dim;
+  T* out_ptr = out.data_ptr<T>();
+  const int64_t* row_ptr = rows.data_ptr<int64_t>();
+  const int64_t* slot_ptr = slots.data_ptr<int64_t>();
+  const int64_t* offset_ptr = offsets.data_ptr<int64_t>();
+  const float scale_f = static_cast<float>(scale);
+  at::parallel_for(0, num_channels * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(group * dim), key(dim), acc(group * dim), scores, total(group);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t channel = task / kv_heads, kv_head = task % kv_heads;
+      const int64_t first = offset_ptr[channel], length = offset_ptr[channel + 1] - first;
+      const int64_t row = row_ptr[channel];
+      scores.resize(group * length);
+      to_float(q_ptr + (row * heads + kv_head * group) * dim, query.data(), group * dim);
+      for (int64_t t = 0; t < length; ++t) {
+        const int64_t base = (slot_ptr[first + t] * kv_heads + kv_head) * dim;
+        to_float(k_ptr + base, key.data(), dim);
+        for (int64_t g = 0; g < group; ++g) scores[g * length + t] = dot(&query[g * dim], key.data(), dim) * scale_f;
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* s = &scores[g * length];
+        float top = s[0];
+        for (int64_t t = 1; t < length; ++t) top = s[t] > top ? s[t] : top;
+        for (int64_t t = 0; t < length; ++t) s[t] = exp_nonpositive(s[t] - top);
+        float sum = 0.0f;
+        for (int64_t t = 0; t < length; ++t) sum += s[t];
+        total[g] = sum;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t t = 0; t < length; ++t) {
+        const int64_t base = (slot_ptr[first + t] * kv_heads + kv_head) * dim;
+        to_float(v_ptr + base, key.data(), dim);
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scores[g * length + t];
+          float* a = &acc[g * dim];
+          for (int64_t d = 0; d < dim; ++d) a[d] += p * key[d];
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        T* o = out_ptr + (row * heads + kv_head * group + g) * dim;
+        const float inverse = 1.0f / total[g];
+        for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(acc[g * dim + d] * inverse);
+      }
+    }
+  });
+}
+
+// q: [rows, heads, dim]; kv: [2, slots, kv_heads, dim]; out: like q, written at rows[c] only.
+// Channel c attends to the keys at slots[offsets[c] : offsets[c + 1]], in position order.
+void decode_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
+                      const at::Tensor& slots, const at::Tensor& offsets, double scale) {
+  TORCH_CHECK(q.is_contiguous() && kv.is_contiguous() && out.is_contiguous(), "decode_attention: contiguous tensors");
+  TORCH_CHECK(q.scalar_type() == kv.scalar_type() && q.scalar_type() == out.scalar_type(), "decode_attention: one dtype");
+  TORCH_CHECK(q.size(1) % kv.size(2) == 0, "decode_attention: heads must be a multiple of kv heads");
+  switch (q.scalar_type()) {
+    case at::kFloat: run<float>(q, kv, out, rows, slots, offsets, scale); break;
+    case at::kBFloat16: run<at::BFloat16>(q, kv, out, rows, slots, offsets, scale); break;
+    case at::kHalf: run<at::Half>(q, kv, out, rows, slots, offsets, scale); break;
+    default: TORCH_CHECK(false, "decode_attention: unsupported dtype ", q.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(kev, m) {
+  m.def("decode_attention(Tensor q, Tensor kv, Tensor(a!) out, Tensor rows, Tensor slots, Tensor offsets, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(kev, CPU, m) { m.impl("decode_attention", &decode_attention); }
