@@ -87,15 +87,27 @@ class EngineBridge:
 
     def _drain(self, watch: Watch) -> None:
         try:
+            if watch.events is None:
+                self._await_done(watch.request_id)
+                return
             for event in self.engine.stream(watch.request_id):
                 if event.result is not None:
                     self.metrics.observe_result(event.result)
-                if watch.events is not None:
-                    watch.post(event)
+                watch.post(event)
         except Exception:
             log.exception("watcher of request %s failed", watch.request_id)
         finally:
             watch.post(None)
+
+    def _await_done(self, request_id: str) -> None:
+        """Nobody listens: wake once, when the request is done, not once per token. Per-token wake-ups of
+        many watcher threads take the GIL from the step loop (`kev batch` measured ~25% fewer tokens/s)."""
+        request = self.engine.requests.get(request_id)
+        if request is None:
+            return
+        request.done.wait()
+        for result in list(request.results.values()):
+            self.metrics.observe_result(result)
 
     async def shutdown(self) -> int:
         """Cancel whatever still runs (including requests whose caller left), close the engine; returns how many."""
