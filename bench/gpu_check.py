@@ -28,15 +28,16 @@ def engine_for(model, tokenizer, n: int, invariant: bool, record: bool) -> kev.E
     return kev.Engine(config, build_parts(config, model, tokenizer), record_logits=record)
 
 
-def check(shape: str, precision: str, n: int, max_tokens: int) -> dict:
+def check(shape: str, precision: str, n: int, max_tokens: int, tokenizer_folder: str | None) -> dict:
     device = pick_device("auto")
     cfg = SHAPES[shape]
     model = random_model(cfg, precision, device, max_positions=2048)
-    tokenizer = Tokenizer.from_folder(resolve_model_path("smollm2-135m-instruct"))
+    tokenizer = Tokenizer.from_folder(tokenizer_folder or resolve_model_path("smollm2-135m-instruct"))
     rng = random.Random(0)
     questions = [{"prompt_ids": [rng.randrange(cfg.vocab_size) for _ in range(rng.choice([5, 40, 130, 600]))],
                   "max_tokens": max_tokens, "ignore_eos": True} for _ in range(n)]
     engine = engine_for(model, tokenizer, n, True, record=True)
+    rows_plan = engine.runner.plan.label
     engine.generate(questions[:2], timeout=600)
     solo, serial_s = [], 0.0
     for q in questions:
@@ -60,7 +61,7 @@ def check(shape: str, precision: str, n: int, max_tokens: int) -> dict:
     fused.close()
     tokens = n * max_tokens
     return {"shape": shape, "precision": precision, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "n": n, "max_tokens": max_tokens, "identical_tokens_and_logits": f"{identical}/{n}",
+            "n": n, "max_tokens": max_tokens, "rows": rows_plan, "identical_tokens_and_logits": f"{identical}/{n}",
             "kev_tok_s": round(tokens / kev_s, 1), "serial_tok_s": round(tokens / serial_s, 1),
             "non_invariant_tok_s": round(tokens / fused_s, 1), "non_invariant_same_tokens": f"{fused_same}/{n}",
             "kev_over_serial": round(serial_s / kev_s, 2), "invariance_cost": round(1 - fused_s / kev_s, 3)}
@@ -72,10 +73,11 @@ def main() -> None:
     parser.add_argument("--precisions", default="bf16")
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--tokenizer", help="a folder with tokenizer.json (default: the default model's, converted)")
     args = parser.parse_args()
     for shape in args.shapes.split(","):
         for precision in args.precisions.split(","):
-            print(json.dumps(check(shape, precision, args.n, args.max_tokens)), flush=True)
+            print(json.dumps(check(shape, precision, args.n, args.max_tokens, args.tokenizer)), flush=True)
 
 
 if __name__ == "__main__":

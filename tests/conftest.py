@@ -15,7 +15,8 @@ def default_model():
     """The default model and tokenizer, loaded once and shared by every engine in the session."""
     from kev.engine.engine_setup import load_model_and_tokenizer  # torch: only for tests that need the model
 
-    return load_model_and_tokenizer(kev.load_config({}))
+    # fp32 pinned: the shared engines compare logits with transformers; bf16 has its own tests.
+    return load_model_and_tokenizer(kev.load_config({"core": {"precision": "fp32"}}))
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +30,8 @@ def make_engine(default_model):
         # Generous timeouts: CI machines are slow and shared; timeouts have their own tests.
         # round_robin: a packed test wants its questions side by side in separate channels;
         # routing tests name their strategy.
-        config = kev.load_config({"aggregator": {"timeout_ms": 600_000}, "router": {"strategy": "round_robin"}},
+        config = kev.load_config({"aggregator": {"timeout_ms": 600_000}, "router": {"strategy": "round_robin"},
+                                  "core": {"precision": "fp32"}},
                                  overrides or {})
         model, tokenizer = default_model
         engine = kev.Engine(config, build_parts(config, model, tokenizer), record_logits=record_logits, background=background)

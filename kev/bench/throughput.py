@@ -6,13 +6,17 @@ so tokens/s compare like with like.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from kev.bench.linear_bound import linear_stack_ms
 from kev.bench.questions import BENCH_QUESTIONS
+from kev.bench.vllm_anchor import VllmBatch, run_vllm
 from kev.engine.engine import Engine
 from kev.model.llama import LlamaModel
 
@@ -20,7 +24,7 @@ from kev.model.llama import LlamaModel
 @dataclass
 class PathResult:
     n: int
-    path: str  # "kev" | "serial" | "hf_batch"
+    path: str  # "kev" | "serial" | "hf_batch" | "vllm" | "kev_non_invariant"
     tokens: int
     seconds: float
     identical_to_solo: str
@@ -34,8 +38,9 @@ class PathResult:
 
 
 def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: Any | None,
-                   fused: Engine | None = None) -> dict[str, Any]:
-    """fused: the same engine with batch_invariant off, run at the largest N to price invariance."""
+                   fused: Engine | None = None, against_vllm: bool = False) -> dict[str, Any]:
+    """fused: the same engine with batch_invariant off, run at the largest N to price invariance.
+    against_vllm: vLLM's CPU build on the same prompt ids, in its own process (bench/vllm_runner.py)."""
     questions = (BENCH_QUESTIONS * (max(sizes) // len(BENCH_QUESTIONS) + 1))[: max(sizes)]
     options = {"max_tokens": max_tokens, "ignore_eos": True, "timeout_ms": 600_000}
     engine.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})  # warm-up
@@ -44,13 +49,16 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
         started = time.perf_counter()
         solo_ids.append(engine.generate([q], timeout=3600, **options)[0].token_ids)
         solo_seconds.append(time.perf_counter() - started)
-    prompts = [_prompt_ids(engine, q) for q in questions]
+    prompts = [prompt_ids(engine, q) for q in questions]
     hf_solo = [_hf_generate(hf_model, [p], max_tokens)[0][0] for p in prompts] if hf_model is not None else []
     results: list[PathResult] = []
+    steps: dict[str, dict[str, float]] = {}
     for n in sizes:
+        first_step = engine.stats.num_steps
         started = time.perf_counter()
         answers = engine.generate(questions[:n], timeout=3600, **options)
         seconds = time.perf_counter() - started
+        steps[str(n)] = _decode_step_vs_bound(engine, n, engine.stats.num_steps - first_step)
         same = sum(a.token_ids == s for a, s in zip(answers, solo_ids))
         results.append(PathResult(n, "kev", sum(a.completion_tokens for a in answers), seconds, f"{same}/{n}"))
         results.append(PathResult(n, "serial", n * max_tokens, sum(solo_seconds[:n]), f"{n}/{n}"))
@@ -58,6 +66,8 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
             ids, seconds = _hf_generate(hf_model, prompts[:n], max_tokens)
             same = sum(a == s for a, s in zip(ids, hf_solo))
             results.append(PathResult(n, "hf_batch", n * max_tokens, seconds, f"{same}/{n}"))
+    if against_vllm:
+        results += _vllm_paths(engine, sizes, prompts, max_tokens)
     ratios = _ratios(results, sizes)
     if fused is not None:
         n = max(sizes)
@@ -69,10 +79,37 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
         results.append(PathResult(n, "kev_non_invariant", sum(a.completion_tokens for a in answers), seconds, f"{same}/{n}"))
         kev_rate = next(r.tok_per_s for r in results if r.n == n and r.path == "kev")
         ratios[str(n)]["kev_over_non_invariant"] = round(kev_rate / results[-1].tok_per_s, 2)
-    return {"results": [r.to_dict() for r in results], "ratios": ratios}
+    return {"results": [r.to_dict() for r in results], "ratios": ratios, "decode_steps": steps}
 
 
-def _prompt_ids(engine: Engine, question: str) -> list[int]:
+def _decode_step_vs_bound(engine: Engine, n: int, num_steps: int) -> dict[str, float]:
+    """Median step of the batch's pure decode steps (n tokens, n sampled) against the linear layers alone."""
+    records = list(engine.stats.recent)[-num_steps:] if num_steps else []
+    decode = [r.step_ms for r in records if r.num_tokens == n and r.num_sampled == n]
+    step_ms = statistics.median(decode) if decode else 0.0
+    bound_ms = linear_stack_ms(engine.runner.model, max(n, engine.runner.plan.min_rows))
+    return {"step_ms": round(step_ms, 2), "linear_bound_ms": round(bound_ms, 2),
+            "bound_share": round(bound_ms / step_ms, 2) if step_ms else 0.0}
+
+
+def _vllm_paths(engine: Engine, sizes: list[int], prompts: list[list[int]], max_tokens: int) -> list[PathResult]:
+    batches = [VllmBatch(f"n{n}", prompts[:n], max_tokens, True) for n in sizes]
+    out = run_vllm(model_folder(engine), engine.config.core.resolved_precision, engine.config.core.max_context,
+                   batches, solo=f"n{max(sizes)}")
+    results = []
+    for n, batch in zip(sizes, out["batches"]):
+        same = sum(a == s for a, s in zip(batch["token_ids"], out["solo"]))
+        results.append(PathResult(n, "vllm", sum(len(t) for t in batch["token_ids"]), batch["seconds"], f"{same}/{n}"))
+    return results
+
+
+def model_folder(engine: Engine) -> Path:
+    from kev.model.model_store import resolve_model_path
+
+    return resolve_model_path(engine.config.core.model_path)
+
+
+def prompt_ids(engine: Engine, question: str) -> list[int]:
     text = engine.tokenizer.render_chat([{"role": "user", "content": question}], add_generation_prompt=True)
     return engine.tokenizer.encode(text)
 
@@ -96,8 +133,9 @@ def _ratios(results: list[PathResult], sizes: list[int]) -> dict[str, dict[str, 
     for n in sizes:
         by_path = {r.path: r.tok_per_s for r in results if r.n == n}
         ratios[str(n)] = {"kev_over_serial": round(by_path["kev"] / by_path["serial"], 2)}
-        if "hf_batch" in by_path:
-            ratios[str(n)]["kev_over_hf_batch"] = round(by_path["kev"] / by_path["hf_batch"], 2)
+        for anchor in ("hf_batch", "vllm"):
+            if anchor in by_path:
+                ratios[str(n)][f"kev_over_{anchor}"] = round(by_path["kev"] / by_path[anchor], 2)
     return ratios
 
 
@@ -107,9 +145,6 @@ def load_hf_reference(engine: Engine) -> Any | None:
         import transformers
     except ImportError:
         return None
-    from kev.model.model_store import resolve_model_path
-
     model: LlamaModel = engine.runner.model
-    folder = resolve_model_path(engine.config.core.model_path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=next(model.parameters()).dtype)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_folder(engine), dtype=next(model.parameters()).dtype)
     return hf.eval()

@@ -5,6 +5,7 @@ import argparse
 import json
 import platform
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -12,15 +13,19 @@ from rich.table import Table
 
 from kev.bench.throughput import load_hf_reference, run_throughput
 from kev.cli.common import add_config_flags, config_from_args
-from kev.config import load_config
+from kev.config import KevConfig, load_config
 from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
-    parser.add_argument("--scenario", choices=["throughput", "routing"], default="throughput",
-                        help="routing: strategies under skewed traffic (kev/bench/routing.py)")
+    parser.add_argument("--scenario", choices=["throughput", "mixed", "routing"], default="throughput",
+                        help="mixed: 32 extraction prompts among 128 short questions, natural EOS "
+                             "(kev/bench/mixed.py); routing: strategies under skewed traffic (kev/bench/routing.py)")
+    parser.add_argument("--against", choices=["vllm"], action="append", default=[],
+                        help="also run vLLM's CPU build (.venv-vllm, see `make bench-vllm`) on the same prompts")
+    parser.add_argument("--parallel", type=int, help="router.max_parallel_queries (default: the largest size; mixed: 64)")
     parser.add_argument("--repeats", type=int, default=1, help="routing: runs per strategy (medians)")
     parser.add_argument("--sizes", default="1,4,8,16", help="numbers of questions, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per question (EOS ignored)")
@@ -35,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scenario == "routing":
         return run_routing_scenario(args)
     sizes = [int(s) for s in args.sizes.split(",")]
-    parallel = max(sizes)
+    parallel = args.parallel or (64 if args.scenario == "mixed" else max(sizes))
     # round_robin: every question gets a channel of its own, so the run measures the one-forward engine,
     # not a routing strategy (`kev bench --scenario routing` compares those).
     config = config_from_args(args, {"router": {"max_parallel_queries": parallel, "channel_pool_size": parallel,
@@ -43,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
                                      "core": {"max_context": 1024}})
     # The caller drives the steps (no loop thread), in the thread that runs the serial and HF paths too:
     # a second OpenMP pool makes every GEMM slower on a small CPU (docs/design.md, Known limits).
+    if args.scenario == "mixed":
+        return run_mixed_scenario(args, config)
     with Engine(config, background=False) as engine:
         hf = None if args.no_hf else load_hf_reference(engine)
         fused = None
@@ -50,18 +57,50 @@ def run(args: argparse.Namespace) -> int:
             fused_config = load_config(config, {"core": {"batch_invariant": False}})
             fused = Engine(fused_config, build_parts(fused_config, engine.runner.model, engine.tokenizer),
                            background=False)
-        report = run_throughput(engine, sizes, args.max_tokens, hf, fused)
+        report = run_throughput(engine, sizes, args.max_tokens, hf, fused, "vllm" in args.against)
         if fused is not None:
             fused.close()
-    report = {"model": config.core.model_path, "precision": config.core.precision, "threads": torch.get_num_threads(),
-              "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
-              "max_tokens": args.max_tokens, **report}
+    report = {**run_facts(config), "max_tokens": args.max_tokens, **report}
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     if args.json:
         print(json.dumps(report))
     else:
         print_report(report)
+    return 0
+
+
+def run_facts(config: KevConfig) -> dict[str, Any]:
+    from kev.config.precision import describe
+    from kev.model.row_invariance import cpu_model
+
+    return {"model": config.core.model_path, "precision": config.core.resolved_precision,
+            "precision_choice": describe(config.core.precision, config.core.device), "threads": torch.get_num_threads(),
+            "machine": f"{cpu_model()}, {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"}
+
+
+def run_mixed_scenario(args: argparse.Namespace, config: KevConfig) -> int:
+    from kev.bench.mixed import run_mixed
+
+    max_tokens = 128 if args.max_tokens == 64 else args.max_tokens  # the scenario's default: up to 128 new tokens
+    with Engine(config, background=False) as engine:
+        fingerprint = engine.runner.fingerprint
+        report = {**run_facts(config), "max_tokens": max_tokens, "numerics_fingerprint": fingerprint,
+                  "max_parallel": config.router.max_parallel_queries,
+                  **run_mixed(engine, max_tokens, "vllm" in args.against)}
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    table = Table(title=f"mixed batch: {report['long_prompts']} long + {report['short_prompts']} short, "
+                        f"{report['model']} {report['precision']}, {report['machine']}")
+    for column in ("path", "questions", "tokens", "seconds", "tok/s", "identical to solo", "kev time / path"):
+        table.add_column(column, justify="right")
+    for r in report["rows"]:
+        table.add_row(r["path"], str(r["questions"]), str(r["completion_tokens"]), f"{r['seconds']:.2f}",
+                      f"{r['tok_per_s']:.1f}", r["identical_to_solo"], f"{r['kev_time_over_path']:.2f}x")
+    Console().print(table)
     return 0
 
 
@@ -84,3 +123,9 @@ def print_report(report: dict) -> None:
         table.add_row(str(r["n"]), r["path"], str(r["tokens"]), f"{r['seconds']:.2f}", f"{r['tok_per_s']:.1f}",
                       r["identical_to_solo"], f"{kev_rate / r['tok_per_s']:.2f}x")
     Console().print(table)
+    steps = Table(title="decode step vs the linear layers alone at N rows (the bound)")
+    for column in ("N", "step ms", "linear bound ms", "bound / step"):
+        steps.add_column(column, justify="right")
+    for n, s in report.get("decode_steps", {}).items():
+        steps.add_row(n, f"{s['step_ms']:.1f}", f"{s['linear_bound_ms']:.1f}", f"{s['bound_share']:.0%}")
+    Console().print(steps)

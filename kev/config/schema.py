@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kev.batch.batch_config import BatchConfig
 from kev.config.deploy_config import DeployConfig
+from kev.config.precision import pick_precision
 from kev.server.server_config import ServerConfig
 
 
@@ -124,7 +125,8 @@ class AuditConfig(_Section):
 
 class CoreConfig(_Section):
     model_path: str = "smollm2-135m-instruct"
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # auto: bf16 where the device computes it natively (avx512_bf16 / AMX, CUDA), else fp32
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     max_context: int = Field(4096, ge=16)
     device: str = "auto"
     block_size: int = Field(16, ge=1, le=1024)
@@ -140,15 +142,20 @@ class CoreConfig(_Section):
     # auto: probe at start-up whether the GEMM kernel gives a row the same bits at every row
     # count (model/row_invariance.py) and then run one GEMM per step; tiles: always fixed tiles.
     row_plan: Literal["auto", "tiles"] = "auto"
-    # auto: decode attention on the CPU runs Kev's C++ kernel (built once into ~/.cache/kev/kernels)
-    # when it builds; sdpa: torch's scaled_dot_product_attention over gathered keys.
-    attention: Literal["auto", "sdpa"] = "auto"
+    # auto: on the CPU, decode attention, rotary, RMSNorm and SiLU·mul run Kev's C++ kernels (built
+    # once into ~/.cache/kev/kernels) when they build; torch: torch ops only (SDPA per channel).
+    kernels: Literal["auto", "torch"] = "auto"
     # false: one GEMM over the whole step (faster, but a row's bits then depend on its
     # neighbours); kept to measure what invariance costs.
     batch_invariant: bool = True
     threads: int | None = Field(None, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=1)
     tensor_parallel: int = Field(1, ge=1)  # reserved: sharding one model over devices is not implemented
+
+    @property
+    def resolved_precision(self) -> str:
+        """precision with auto resolved for this machine: fp32 | bf16 | fp16."""
+        return pick_precision(self.precision, self.device)
 
     @model_validator(mode="after")
     def _chunk_fits_budget(self) -> CoreConfig:

@@ -5,11 +5,13 @@ Derived sizes are computed here, once, and logged.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 
 import torch
 
 from kev.config import KevConfig
+from kev.config.precision import describe as describe_precision
 from kev.engine.channel_pool import ChannelPool
 from kev.engine.embedder import MeanEmbedder
 from kev.engine.model_runner import ModelRunner
@@ -53,9 +55,11 @@ def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
         torch.set_num_threads(core.threads)
     folder = resolve_model_path(core.model_path)
     device = pick_device(core.device)
-    if core.precision == "fp16" and device.type == "cpu":
-        raise ConfigError("core.precision: fp16 needs a CUDA device (core.device is cpu); use fp32 or bf16")
-    model = load_model(folder, core.precision, device, core.max_context)
+    precision = core.resolved_precision
+    if precision == "fp16" and device.type == "cpu":
+        raise ConfigError("core.precision: fp16 needs a CUDA device (core.device is cpu); use fp32, bf16 or auto")
+    log.info("precision: %s", describe_precision(core.precision, core.device))
+    model = load_model(folder, precision, device, core.max_context)
     return model, Tokenizer.from_folder(folder)
 
 
@@ -65,8 +69,8 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
     core = config.core
     model.prepack(config.router.max_parallel_queries)
     param = next(model.parameters())
-    if core.attention == "auto" and param.device.type == "cpu":
-        model.use_decode_kernel(load_cpu_kernels(cache_root()))
+    if core.kernels == "auto" and param.device.type == "cpu":
+        model.use_cpu_kernels(load_cpu_kernels(cache_root()))
     fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
     if core.row_plan == "tiles" or not core.batch_invariant:
         return fixed
@@ -90,7 +94,9 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
         for channel in range(router.channel_pool_size):
             blocks.reserve(channel, core.max_context)
     runner = ModelRunner(model, num_blocks, core.block_size, tile_plan(config, model))
-    log.info("linear rows: %s (%s, %d threads)", runner.plan.label, runner.dtype, torch.get_num_threads())
+    log.info("linear rows: %s; row ops and decode attention: %s; %s, %d threads (OMP_WAIT_POLICY=%s)", runner.plan.label,
+             "kev kernels" if model.cpu_kernels else "torch ops", runner.dtype, torch.get_num_threads(),
+             os.environ.get("OMP_WAIT_POLICY", "unset"))
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
     limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context,

@@ -22,7 +22,7 @@ class ModelRunner:
             PagedKVLayer(num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
             for _ in range(cfg.num_layers)
         ]
-        self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan, model.decode_kernel)
+        self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan, model.cpu_kernels)
 
     @torch.inference_mode()
     def run(self, meta: StepMetadata) -> torch.Tensor:
@@ -44,10 +44,10 @@ class ModelRunner:
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
 
 
-def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan, decode_kernel: bool) -> str:
+def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan, cpu_kernels: bool) -> str:
     """A short hash of everything that decides the bits of an answer."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
-    attention = "attn=kev-decode-kernel" if decode_kernel else "attn=sdpa-per-channel"
+    attention = "kernels=kev-cpu" if cpu_kernels else "kernels=torch,attn=sdpa-per-channel"
     parts = [str(dtype), device.type, device_kind, plan.label, attention, torch.__version__,
              f"threads={torch.get_num_threads()}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

@@ -8,8 +8,10 @@ from kev.engine.question import Question
 
 
 def sample(logits: torch.Tensor, questions: list[Question]) -> list[int]:
-    """logits: [num_questions, vocab] fp32, row i belongs to questions[i]."""
-    return [sample_one(row, q) for row, q in zip(logits, questions)]
+    """logits: [num_questions, vocab] fp32, row i belongs to questions[i]. Greedy rows take one batched
+    argmax (an argmax is exact: a row's answer cannot depend on the rows beside it)."""
+    greedy = torch.argmax(logits, dim=-1).tolist() if logits.shape[0] else []
+    return [greedy[i] if q.sampling.is_greedy else sample_one(row, q) for i, (row, q) in enumerate(zip(logits, questions))]
 
 
 def sample_one(row: torch.Tensor, question: Question) -> int:

@@ -109,7 +109,7 @@ def inputs_for(config: KevConfig, shape: ModelShape, typical_tokens: int = 512, 
                device_memory: int | None = None) -> PlanInputs:
     """The plan's inputs for a Kev config: the deployment sizes the engine will use."""
     core, router = config.core, config.router
-    return PlanInputs(shape=shape, precision=core.precision, max_context=core.max_context, block_size=core.block_size,
+    return PlanInputs(shape=shape, precision=core.resolved_precision, max_context=core.max_context, block_size=core.block_size,
                       channels=router.max_parallel_queries, pool_size=router.channel_pool_size,
                       kv_cache=config.isolation.kv_cache, typical_tokens=typical_tokens, prefix_tokens=prefix_tokens,
                       max_step_tokens=core.max_step_tokens, kv_cache_tokens=core.kv_cache_tokens,

@@ -24,8 +24,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
         self.eps = eps
+        self.fused = False  # Kev's C++ row kernel (LlamaModel.use_cpu_kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return torch.ops.kev.rms_norm(x, self.weight, self.eps)
         # fp32 statistics, as Hugging Face does, whatever the model dtype.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -38,16 +41,22 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
-        self.decode_kernel = False  # set by LlamaModel.use_decode_kernel
+        self.fused = False  # Kev's C++ kernels: rotary in place, decode attention (LlamaModel.use_cpu_kernels)
         self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, cfg.attention_bias)
         self.o_proj = Linear(q_size, cfg.hidden_size, False)
 
     def forward(self, x: torch.Tensor, rope: RotaryTable, meta: StepMetadata, cache: PagedKVLayer) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x, meta.tiles).split(self.split_sizes, dim=-1)
-        q = rope.apply(q.view(-1, self.num_heads, self.head_dim), meta.positions)  # [rows, heads, dim]
-        k = rope.apply(k.view(-1, self.num_kv_heads, self.head_dim), meta.positions)  # [rows, kv_heads, dim]
+        qkv = self.qkv_proj(x, meta.tiles)  # [rows, (heads + 2 kv_heads) * dim]
+        if self.fused:
+            torch.ops.kev.rope_(qkv, rope.cos, rope.sin, meta.positions, self.num_heads + self.num_kv_heads,
+                                self.head_dim)
+        q, k, v = qkv.split(self.split_sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)  # [rows, heads, dim]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [rows, kv_heads, dim]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, cache, meta, self.decode_kernel)
+        if not self.fused:
+            q, k = rope.apply(q, meta.positions), rope.apply(k, meta.positions)
+        out = paged_attention(q, k, v, cache, meta, self.fused)
         return self.o_proj(out.flatten(1), meta.tiles)  # [rows, hidden]
 
 
@@ -56,9 +65,13 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False)
+        self.fused = False  # Kev's C++ SiLU·mul (LlamaModel.use_cpu_kernels)
 
     def forward(self, x: torch.Tensor, tiles: list[int]) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x, tiles).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x, tiles)
+        if self.fused:
+            return self.down_proj(torch.ops.kev.silu_mul(gate_up), tiles)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up, tiles)
 
 
@@ -100,13 +113,15 @@ class LlamaModel(nn.Module):
         if self.lm_head is None and can_prepack(self.embed_tokens.weight):
             self.packed_head = PackedWeight(self.embed_tokens.weight, rows_hint)
 
-    def use_decode_kernel(self, enabled: bool) -> None:
-        for layer in self.layers:
-            layer.self_attn.decode_kernel = enabled
+    def use_cpu_kernels(self, enabled: bool) -> None:
+        """Kev's C++ kernels (model/kernels) for decode attention, rotary, RMSNorm and SiLU·mul."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.fused = enabled
 
     @property
-    def decode_kernel(self) -> bool:
-        return bool(self.layers[0].self_attn.decode_kernel)
+    def cpu_kernels(self) -> bool:
+        return bool(self.layers[0].self_attn.fused)
 
     def kernel_identity(self) -> str:
         """What decides the bits of a linear row: the shapes and whether weights are prepacked."""

@@ -93,12 +93,12 @@ def probe(multiplies: dict[str, tuple[int, Multiply, int]], dtype: torch.dtype, 
 
 
 def _cache_key(identity: str, dtype: torch.dtype, device: torch.device) -> str:
-    device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model()
+    device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
     parts = [device_kind, torch.__version__, str(torch.get_num_threads()), str(dtype), identity]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

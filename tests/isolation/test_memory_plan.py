@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from kev.config import load_config
+
 from kev.cli.main import main
 from kev.isolation.memory_plan import ModelShape, PlanInputs, blocks, make_plan, parse_bytes
 
@@ -55,7 +57,8 @@ def test_grouped_query_attention_uses_kv_heads(capsys):
 def test_default_model_shapes_come_from_its_config_json(capsys):
     plan = plan_json(capsys, ["plan", "--json", "--device-memory", "8GiB"])
     assert (plan["num_layers"], plan["num_kv_heads"], plan["head_dim"]) == (30, 3, 64)
-    assert plan["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * 4  # fp32
+    value_bytes = 2 if load_config({}).core.resolved_precision == "bf16" else 4  # precision auto
+    assert plan["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * value_bytes
     assert plan["fits"] is True and plan["channels_that_fit"] > 8
 
 

@@ -87,6 +87,7 @@ template <typename T>
 void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::Tensor& rows,
          const at::Tensor& slots, const at::Tensor& offsets, double scale) {
   const int64_t heads = q.size(1), dim = q.size(2), kv_heads = kv.size(2), num_slots = kv.size(1);
+  const int64_t q_row_stride = q.stride(0);
   const int64_t group = heads / kv_heads, num_channels = rows.size(0);
   const T* q_ptr = q.data_ptr<T>();
   const T* k_ptr = kv.data_ptr<T>();
@@ -103,7 +104,7 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
       const int64_t first = offset_ptr[channel], length = offset_ptr[channel + 1] - first;
       const int64_t row = row_ptr[channel];
       scores.resize(group * length);
-      to_float(q_ptr + (row * heads + kv_head * group) * dim, query.data(), group * dim);
+      to_float(q_ptr + row * q_row_stride + kv_head * group * dim, query.data(), group * dim);
       for (int64_t t = 0; t < length; ++t) {
         const int64_t base = (slot_ptr[first + t] * kv_heads + kv_head) * dim;
         to_float(k_ptr + base, key.data(), dim);
@@ -137,11 +138,13 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
   });
 }
 
-// q: [rows, heads, dim]; kv: [2, slots, kv_heads, dim]; out: like q, written at rows[c] only.
+// q: [rows, heads, dim] (rows may be strided: a view into the fused qkv output); kv: [2, slots, kv_heads, dim];
+// out: [rows, heads, dim] contiguous, written at rows[c] only.
 // Channel c attends to the keys at slots[offsets[c] : offsets[c + 1]], in position order.
 void decode_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
                       const at::Tensor& slots, const at::Tensor& offsets, double scale) {
-  TORCH_CHECK(q.is_contiguous() && kv.is_contiguous() && out.is_contiguous(), "decode_attention: contiguous tensors");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && kv.is_contiguous() && out.is_contiguous(),
+              "decode_attention: heads of a row contiguous, kv and out contiguous");
   TORCH_CHECK(q.scalar_type() == kv.scalar_type() && q.scalar_type() == out.scalar_type(), "decode_attention: one dtype");
   TORCH_CHECK(q.size(1) % kv.size(2) == 0, "decode_attention: heads must be a multiple of kv heads");
   switch (q.scalar_type()) {

