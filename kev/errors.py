@@ -27,3 +27,8 @@ class UnknownRequestError(KevError, KeyError):
 
 class UnavailableError(KevError):
     """The backend cannot take work now (the message queue is unreachable); retry later."""
+
+
+class UnsupportedModelError(KevError, ValueError):
+    """A model Kev cannot run: an architecture, a GGUF tensor type or tokenizer it does not know, or no weights.
+    The message names the thing and what is supported."""

@@ -29,11 +29,17 @@ class Result:
     category: str | None = None  # the router.categories group it was routed in
     rerouted: bool = False
     queue_ms: float = 0.0  # submit → start in its channel (or → its end, if it never started)
+    ttft_ms: float | None = None  # submit → first token (queue included); None without one
+    tpot_ms: float | None = None  # mean time between its output tokens after the first; None under two tokens
     original_text: str | None = None
     normalized_text: str | None = None
     numerics_fingerprint: str = ""
     isolation_verified: bool | None = None
     worker: str | None = None  # distributed: the worker that answered (channel_id is that worker's channel)
+    # logprobs=k: per completion token {token_id, token, bytes, logprob, top_logprobs: [{token_id, token, bytes,
+    # logprob}]}, of the model's distribution before temperature, top-k/top-p and any grammar mask.
+    logprobs: list[dict[str, Any]] | None = None
+    prompt_logprobs: list[dict[str, Any]] | None = None  # the same per prompt token; the first has logprob None
     logits: Any = None  # [completion_tokens, vocab] fp32 tensor, only when the engine records logits
 
     @property

@@ -20,6 +20,7 @@ import platform
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,16 +143,20 @@ def machine() -> str:
             f"fp32, Python {platform.python_version()}; load average at the end {load} (a shared machine)")
 
 
-def run_routing(repeats: int = 1, seed: int = 0, pool: int = 16, parallel: int = 8) -> tuple[str, list[Row]]:
-    """(one-line description of the run, one median row per strategy)."""
+def run_routing(repeats: int = 1, seed: int = 0, pool: int = 16, parallel: int = 8,
+                on_progress: Callable[[str, float, float], None] | None = None) -> tuple[str, list[Row]]:
+    """(one-line description of the run, one median row per strategy); on_progress(label, runs done, runs in all)."""
     import kev
     from kev.engine.engine_setup import load_model_and_tokenizer
 
     model_and_tokenizer = load_model_and_tokenizer(kev.load_config({}))
     stream = traffic(seed)
     runs: dict[str, list[Row]] = {name: [] for name, _ in STRATEGIES}
-    for _ in range(repeats):
-        for name, router in STRATEGIES:  # interleaved, so a slow spell of the machine hits every strategy
+    total = repeats * len(STRATEGIES)
+    for repeat in range(repeats):
+        for i, (name, router) in enumerate(STRATEGIES):  # interleaved, so a slow spell of the machine hits every strategy
+            if on_progress is not None:
+                on_progress(f"{name} (run {repeat + 1}/{repeats})", repeat * len(STRATEGIES) + i, total)
             runs[name].append(run_one(name, router, model_and_tokenizer, stream, pool, parallel))
     rows = [median_row(rs) for rs in runs.values()]
     num_long = sum(is_long for _, is_long in stream)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,20 @@ class PathResult:
 
 
 def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: Any | None,
-                   fused: Engine | None = None, against_vllm: bool = False) -> dict[str, Any]:
+                   fused: Engine | None = None, against_vllm: bool = False,
+                   on_progress: Callable[[str, float, float], None] | None = None) -> dict[str, Any]:
     """fused: the same engine with batch_invariant off, run at the largest N to price invariance.
-    against_vllm: vLLM's CPU build on the same prompt ids, in its own process (bench/vllm_runner.py)."""
+    against_vllm: vLLM's CPU build on the same prompt ids, in its own process (bench/vllm_runner.py).
+    on_progress(label, runs done, runs in all): after each solo question and each N."""
     questions = (BENCH_QUESTIONS * (max(sizes) // len(BENCH_QUESTIONS) + 1))[: max(sizes)]
     options = {"max_tokens": max_tokens, "ignore_eos": True, "timeout_ms": 600_000}
+    total = len(questions) + len(sizes) + (fused is not None)
+    tick = on_progress or (lambda label, done, total: None)
+    tick("warm-up", 0, total)
     engine.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})  # warm-up
     solo_ids, solo_seconds = [], []
     for q in questions:
+        tick(f"solo question {len(solo_ids) + 1}/{len(questions)}", len(solo_ids), total)
         started = time.perf_counter()
         solo_ids.append(engine.generate([q], timeout=3600, **options)[0].token_ids)
         solo_seconds.append(time.perf_counter() - started)
@@ -53,7 +60,8 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
     hf_solo = [_hf_generate(hf_model, [p], max_tokens)[0][0] for p in prompts] if hf_model is not None else []
     results: list[PathResult] = []
     steps: dict[str, dict[str, float]] = {}
-    for n in sizes:
+    for i, n in enumerate(sizes):
+        tick(f"N={n}: kev" + (" and HF batch" if hf_model is not None else ""), len(questions) + i, total)
         first_step = engine.stats.num_steps
         started = time.perf_counter()
         answers = engine.generate(questions[:n], timeout=3600, **options)
@@ -71,6 +79,7 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
     ratios = _ratios(results, sizes)
     if fused is not None:
         n = max(sizes)
+        tick(f"N={n}: batch_invariant off (its cost)", total - 1, total)
         fused.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})
         started = time.perf_counter()
         answers = fused.generate(questions[:n], timeout=3600, **options)

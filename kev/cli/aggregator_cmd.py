@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 
+from kev.cli.logs import add_log_flags
 from kev.cli.worker_cmd import add_nats_flag, distributed_config
 
 
@@ -18,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="kev.yaml (deploy.mode distributed)")
     add_nats_flag(parser)
     parser.add_argument("--id", dest="aggregator_id", help="its name in logs (default: a<host>-<pid>)")
+    add_log_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from kev.bench.throughput import load_hf_reference, run_throughput
 from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.progress import progress_bar
 from kev.config import KevConfig, load_config
 from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts
@@ -50,14 +51,16 @@ def run(args: argparse.Namespace) -> int:
     # a second OpenMP pool makes every GEMM slower on a small CPU (docs/design.md, Known limits).
     if args.scenario == "mixed":
         return run_mixed_scenario(args, config)
-    with Engine(config, background=False) as engine:
+    with progress_bar("loading the model") as bar, Engine(config, background=False) as engine:
+        if not args.no_hf:
+            bar("loading the Hugging Face reference", 0, 1)
         hf = None if args.no_hf else load_hf_reference(engine)
         fused = None
         if not args.no_invariance_cost:
             fused_config = load_config(config, {"core": {"batch_invariant": False}})
             fused = Engine(fused_config, build_parts(fused_config, engine.runner.model, engine.tokenizer),
                            background=False)
-        report = run_throughput(engine, sizes, args.max_tokens, hf, fused, "vllm" in args.against)
+        report = run_throughput(engine, sizes, args.max_tokens, hf, fused, "vllm" in args.against, bar)
         if fused is not None:
             fused.close()
     report = {**run_facts(config), "max_tokens": args.max_tokens, **report}
@@ -107,7 +110,8 @@ def run_mixed_scenario(args: argparse.Namespace, config: KevConfig) -> int:
 def run_routing_scenario(args: argparse.Namespace) -> int:
     from kev.bench.routing import format_table, machine, run_routing, write_markdown
 
-    summary, rows = run_routing(args.repeats)
+    with progress_bar("loading the model") as bar:
+        summary, rows = run_routing(args.repeats, on_progress=bar)
     if args.out:
         write_markdown(args.out, summary, rows)
     print(summary, format_table(rows), f"Machine: {machine()}", sep="\n")

@@ -4,7 +4,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import platform
 import sys
+
+from kev import __version__
+from kev.cli.logs import setup_logging
 
 # name -> (module, one-line help). A module that is not there (an optional part) is skipped.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -25,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kev", description="Many questions, one forward pass, isolated channels.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
+    parser.add_argument("--version", action="version", version=f"kev {__version__} (python {platform.python_version()})")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         try:
@@ -41,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging(logging.INFO if args.verbose else logging.WARNING, getattr(args, "log_format", "text"))
+    if hasattr(args, "log_level"):  # serve, worker, aggregator: their own level for Kev's loggers
+        logging.getLogger("kev").setLevel(args.log_level.upper())
     from kev.errors import KevError
 
     try:

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     shape, tokenizer_folder = resolve_shape(args, config)
     prefix = args.prefix_tokens
     if prefix is None:
-        prefix = prefix_token_count(tokenizer_folder, config.isolation.system_prompt) if tokenizer_folder else 0
+        prefix = (prefix_token_count(tokenizer_folder, config.isolation.system_prompt, config.core.chat_template)
+                  if tokenizer_folder else 0)
     memory, memory_source = _device_memory(args, config)
     plan = make_plan(inputs_for(config, shape, args.typical_tokens, prefix, memory))
     if args.json:
@@ -104,13 +105,13 @@ def resolve_shape(args: argparse.Namespace, config: KevConfig) -> tuple[ModelSha
     return shape, folder
 
 
-def prefix_token_count(folder: Any, system: str | None) -> int:
+def prefix_token_count(folder: Any, system: str | None, chat_template: str | None = None) -> int:
     """Tokens the system prompt adds in front of every question: the common start of two rendered chats."""
     if not system:
         return 0
     from kev.model.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_folder(folder)
+    tokenizer = Tokenizer.from_folder(folder, chat_template)
     ids = [tokenizer.encode(tokenizer.render_chat([{"role": "system", "content": system},
                                                    {"role": "user", "content": text}], add_generation_prompt=True))
            for text in ("a", "Zebra?")]

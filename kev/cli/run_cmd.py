@@ -3,17 +3,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from kev.aggregator.result import Result
 from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.progress import progress_bar
 from kev.engine.engine import Engine
+from kev.errors import InvalidRequestError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("queries", nargs="+", help="questions, one argument each")
+    parser.add_argument("queries", nargs="*", help="questions, one argument each; - reads them from stdin, one a line")
+    parser.add_argument("--file", type=Path, help="read questions from this file, one a line (blank lines skipped)")
     add_config_flags(parser)
     parser.add_argument("--max-tokens", type=int, help="new tokens per question")
     parser.add_argument("--temperature", type=float)
@@ -25,12 +31,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per result per line")
 
 
+def read_queries(args: argparse.Namespace) -> list[str]:
+    """The arguments, with `-` standing for stdin's lines, then the lines of --file."""
+    queries: list[str] = []
+    for query in args.queries:
+        queries += _lines(sys.stdin.read()) if query == "-" else [query]
+    if args.file is not None:
+        try:
+            queries += _lines(args.file.read_text(encoding="utf-8"))
+        except OSError as err:
+            raise InvalidRequestError(f"--file {args.file}: {err.strerror or err}") from None
+    if not queries:
+        raise InvalidRequestError("no questions: give them as arguments, with --file, or one a line on stdin with -")
+    return queries
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def run(args: argparse.Namespace) -> int:
+    queries = read_queries(args)
     config = config_from_args(args)
-    with Engine(config, background=False) as engine:  # one batch: the caller drives the steps (docs/design.md)
-        results = engine.generate(args.queries, timeout=args.timeout, max_tokens=args.max_tokens,
-                                  temperature=args.temperature, seed=args.seed, isolation=args.isolation,
-                                  system=args.system, timeout_ms=args.timeout_ms)
+    with progress_bar("loading the model") as bar, Engine(config, background=False) as engine:
+        # one batch: the caller drives the steps (docs/design.md), here, so the bar moves as answers come in
+        request_id = engine.submit(queries, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                                   isolation=args.isolation, system=args.system, timeout_ms=args.timeout_ms)
+        deadline = time.monotonic() + args.timeout
+        while engine.scheduler.has_work() and time.monotonic() < deadline:
+            engine.step()
+            done = len(engine.results(request_id))
+            bar(f"{done}/{len(queries)} answered, {engine.num_steps} steps", done, len(queries))
+        if engine.scheduler.has_work():  # --timeout passed: what is unfinished ends cancelled, its text so far kept
+            engine.cancel(request_id)
+        results = engine.wait(request_id)
         steps = engine.num_steps
     if args.json:
         for result in results:

@@ -6,17 +6,18 @@ cancel the rest, close the engine, exit 0.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
 
 from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.logs import add_log_flags
+from kev.errors import KevError
 
 API_KEY_ENV = "KEV_API_KEY"
 # flag -> server.<field>
 _SERVER_FLAGS = ("host", "port", "max_body_bytes", "max_questions", "max_question_chars", "max_tokens_cap",
-                 "shutdown_grace_s", "max_inflight_requests")
+                 "shutdown_grace_s", "max_inflight_requests", "access_log", "stats_interval_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-inflight-requests", type=int, help="server.max_inflight_requests")
     parser.add_argument("--grace", dest="shutdown_grace_s", type=float, help="server.shutdown_grace_s")
     parser.add_argument("--nats-url", help="deploy.nats_url: be the router of a cluster (implies deploy.mode distributed)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--no-access-log", dest="access_log", action="store_false", default=None,
+                        help="no INFO line per request (server.access_log: false)")
+    parser.add_argument("--stats-interval", dest="stats_interval_s", type=float,
+                        help="seconds between stats lines while busy (server.stats_interval_s, default 10; 0: off)")
+    add_log_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,16 +50,15 @@ def run(args: argparse.Namespace) -> int:
         overrides["deploy"] = {"mode": "distributed", "nats_url": args.nats_url}
     config = config_from_args(args, overrides)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    logging.getLogger("kev").setLevel(args.log_level.upper())
-    failed: list[bool] = []
+    failed: list[Exception] = []
     holder: list[uvicorn.Server] = []
 
-    def stop_on_load_failure() -> None:
-        failed.append(True)
+    def stop_on_load_failure(err: Exception) -> None:
+        failed.append(err)
         holder[0].should_exit = True
 
     app = build_app(config, api_key=api_key, on_load_failed=stop_on_load_failure)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level,
+    server = uvicorn.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level, log_config=None,
                                            timeout_graceful_shutdown=max(config.server.shutdown_grace_s, 0.1),
                                            access_log=args.log_level == "debug"))
     holder.append(server)
@@ -62,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
     server.run()
+    if failed and isinstance(failed[0], KevError):  # a model it cannot run: the same one line as every command
+        print(f"kev serve: {failed[0]}", file=sys.stderr)
+        return 2
     if failed:
         print("kev serve: the model failed to load (see the log above)", file=sys.stderr)
         return 1

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from rich.console import Console
 from rich.table import Table
 
 from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.progress import progress_bar
 from kev.config import KevConfig
 from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts, load_model_and_tokenizer
@@ -39,7 +41,14 @@ def run(args: argparse.Namespace) -> int:
     def factory(level_config: KevConfig) -> Engine:  # one model for every level's engine
         return Engine(level_config, build_parts(level_config, model, tokenizer))
 
-    report = run_stress(factory, config, StressOptions(args.duration, args.questions, args.max_tokens, levels, args.seed))
+    with progress_bar("loading") as bar:
+        started = time.monotonic()
+
+        def on_progress(label: str) -> None:  # a time bar: the soak runs for --duration seconds
+            bar(label, min(time.monotonic() - started, args.duration), args.duration)
+
+        options = StressOptions(args.duration, args.questions, args.max_tokens, levels, args.seed, on_progress=on_progress)
+        report = run_stress(factory, config, options)
     if args.json:
         print(json.dumps(report.to_dict(), ensure_ascii=False))
     else:

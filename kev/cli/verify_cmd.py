@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.progress import progress_bar
 from kev.engine.engine import Engine
 from kev.isolation.levels import LEVELS, config_for_level
 from kev.isolation.verify import DEFAULT_SYSTEM, VERIFY_QUESTIONS, VerifyOptions, VerifyReport, read_questions, run_verify
@@ -35,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     questions = read_questions(args.questions) if args.questions else VERIFY_QUESTIONS
     options = VerifyOptions(questions[:args.n] if args.n else questions, args.trials, level, args.max_tokens,
                             system, seed=args.seed)
-    with Engine(config, record_logits=True, background=False) as engine:
-        report = run_verify(engine, options)
+    with progress_bar("loading the model") as bar, Engine(config, record_logits=True, background=False) as engine:
+        report = run_verify(engine, options, bar)
     if args.json:
         print(json.dumps(report.to_dict(), ensure_ascii=False))
     else:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import re
 import signal
 import socket
 
 from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.logs import add_log_flags
 from kev.config import KevConfig, load_config
 from kev.errors import ConfigError
 
@@ -23,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partition", type=int, default=0, help="the work partition it pulls first (0..partitions-1)")
     parser.add_argument("--id", dest="worker_id", help="its name in the cluster (default: w<partition>-<host>-<pid>)")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds to finish held questions on SIGTERM")
+    add_log_flags(parser)
 
 
 def add_nats_flag(parser: argparse.ArgumentParser) -> None:
@@ -45,9 +48,11 @@ def run(args: argparse.Namespace) -> int:
                           "(deploy.partitions, default deploy.workers)")
     worker_id = args.worker_id or re.sub(r"[^A-Za-z0-9_-]", "-", f"w{args.partition}-{socket.gethostname()}-{os.getpid()}")[:64]
     from kev.distributed.worker import Worker
+    from kev.engine.describe import banner
     from kev.engine.engine import Engine
 
     engine = Engine(config)  # loads the model before joining: a worker pulls only once it can answer
+    logging.getLogger("kev.worker").info("worker %s: %s", worker_id, banner(engine.describe()))
     worker = Worker(config, engine, worker_id, args.partition)
     try:
         asyncio.run(_serve(worker, args.grace))

@@ -125,6 +125,8 @@ class AuditConfig(_Section):
 
 class CoreConfig(_Section):
     model_path: str = "smollm2-135m-instruct"
+    # Overrides the model folder's chat template: a file path, or the Jinja template itself.
+    chat_template: str | None = None
     # auto: bf16 where the device computes it natively (avx512_bf16 / AMX, CUDA), else fp32
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     max_context: int = Field(4096, ge=16)

@@ -7,11 +7,11 @@ questions come back by redelivery anyway.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from kev.distributed.messages import MalformedMessage, WorkerStatus, decode
-from kev.engine.stats import EngineStats
+from kev.engine.stats import EngineLoad, EngineStats
 
 LIVE_PERIODS = 5
 
@@ -20,6 +20,9 @@ LIVE_PERIODS = 5
 class WorkerDirectory:
     heartbeat_s: float
     workers: dict[str, tuple[float, WorkerStatus]] = field(default_factory=dict)  # id -> (time.monotonic(), status)
+    # Every worker ever heard from, its latest status: cumulative counters (alerts, prefix cache) add up over
+    # these, so a worker that leaves keeps its last count and a cluster-wide counter never goes down.
+    seen: dict[str, WorkerStatus] = field(default_factory=dict)
 
     def on_status(self, data: bytes) -> None:
         try:
@@ -27,6 +30,7 @@ class WorkerDirectory:
         except MalformedMessage:
             return
         self.workers[status.worker] = (time.monotonic(), status)
+        self.seen[status.worker] = status
 
     def live(self) -> list[WorkerStatus]:
         horizon = time.monotonic() - LIVE_PERIODS * self.heartbeat_s
@@ -40,16 +44,28 @@ class WorkerDirectory:
         return {s.partition for s in self.live()} or None
 
     def totals(self) -> tuple[EngineStats, dict[str, int]]:
-        """The live workers' step counters and audit alert counts, added up (their steps stay on the workers)."""
+        """The live workers' step counters, and the audit alert counts of every worker heard from, added up."""
         stats, alerts = EngineStats(), {}
         for s in self.live():
             stats.num_steps += s.num_steps
             stats.num_tokens_computed += s.num_tokens_computed
             stats.num_tokens_generated += s.num_tokens_generated
+        for s in self.seen.values():
             for kind, n in s.alerts.items():
                 alerts[kind] = alerts.get(kind, 0) + n
         return stats, alerts
 
+    def load(self) -> EngineLoad:
+        """Running, waiting and KV blocks of the live workers; prefix-cache counters of every worker heard from."""
+        live = sum((_load(s) for s in self.live()), EngineLoad())
+        ever = sum((_load(s) for s in self.seen.values()), EngineLoad())
+        return replace(live, prefix_queries=ever.prefix_queries, prefix_hits=ever.prefix_hits)
+
     def channel_states(self) -> list[dict[str, Any]]:
         """Every live worker's channels; channel_id is the worker's own, `worker` says whose."""
         return [{**channel, "worker": s.worker} for s in self.live() for channel in s.channels]
+
+
+def _load(status: WorkerStatus) -> EngineLoad:
+    """A heartbeat's load (fields an older worker does not send count as 0)."""
+    return EngineLoad(**{f.name: int(status.load.get(f.name, 0)) for f in fields(EngineLoad)})

@@ -117,6 +117,7 @@ class WorkerStatus(_Message):
     num_tokens_computed: int = 0
     num_tokens_generated: int = 0
     alerts: dict[str, int] = {}  # the engine's audit alert counts by kind
+    load: dict[str, int] = {}  # the engine's EngineLoad (running, waiting, KV blocks, prefix cache counters)
 
 
 class MalformedMessage(ValueError):

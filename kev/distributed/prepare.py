@@ -33,7 +33,9 @@ class Prepared:
 
 def validate_options(config: KevConfig, options: dict[str, Any]) -> SubmitOptions:
     """Request-level checks of Engine.submit (InvalidRequestError naming the field)."""
-    sampling = {k: options.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")}
+    sampling = {k: options.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos",
+                                            "logprobs", "prompt_logprobs", "structured_outputs", "logit_bias",
+                                            "presence_penalty", "frequency_penalty")}
     return SubmitOptions.validate(config, options.get("isolation"), options.get("max_parallel"), options.get("timeout_ms"),
                                   options.get("system"), sampling)
 

@@ -24,7 +24,7 @@ from kev.engine.embedder import MeanEmbedder
 from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts, load_model_and_tokenizer
 from kev.engine.request import Request, StreamEvent
-from kev.engine.stats import StepRecord
+from kev.engine.stats import EngineLoad, StepRecord
 from kev.errors import InvalidRequestError, UnknownRequestError
 from kev.router.features import QuestionFeatures
 
@@ -189,6 +189,15 @@ class ReplicaEngine:
 
     def queue_length(self) -> int:
         return sum(replica.queue_length() for replica in self.replicas)
+
+    def describe(self) -> dict[str, Any]:
+        first = self.replicas[0].describe()
+        kv = {k: sum(r.describe()[k] for r in self.replicas) for k in ("kv_blocks", "kv_tokens", "kv_bytes")}
+        return {**first, **kv, "device": ",".join(self.devices), "replicas": len(self.replicas),
+                "max_parallel": first["max_parallel"] * len(self.replicas)}
+
+    def load(self) -> EngineLoad:
+        return sum((replica.load() for replica in self.replicas), EngineLoad())
 
     @property
     def num_steps(self) -> int:

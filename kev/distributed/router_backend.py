@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -30,7 +32,7 @@ from kev.distributed.prepare import Prepared, prepare, validate_options
 from kev.distributed.router_link import RouterLink
 from kev.distributed.router_requests import OpenRequest
 from kev.distributed.router_encoder import load_router_model
-from kev.engine.stats import EngineStats
+from kev.engine.stats import EngineLoad, EngineStats
 from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError, UnknownRequestError
 from kev.router.router import Placement
 from kev.server.metrics import ServerMetrics
@@ -225,11 +227,21 @@ class DistributedBackend:
     async def stats(self) -> EngineStats:
         return self.directory.totals()[0]
 
+    def describe(self) -> dict[str, Any]:
+        deploy = self.config.deploy
+        return {"mode": "distributed router", "router": self.router_id, "nats": re.sub(r"//[^@/,]*@", "//", deploy.nats_url or ""),  # never a password
+                "partitions": deploy.num_partitions, "max_parallel_per_worker": self.config.router.max_parallel_queries}
+
+    async def load(self) -> EngineLoad:
+        """The workers' loads from their heartbeats; questions still in the work stream count as waiting."""
+        load = self.directory.load()
+        return replace(load, num_waiting=load.num_waiting + self.placer.loads.total_waiting)
+
     async def refresh_metrics(self) -> None:
         states, waiting = await self.channels()
         self.link.gauges.set(self.placer.loads, len(self.directory.live()), self.link.is_connected)
         # Steps happen on the workers (their audit logs have them); the alert counts come with their heartbeats.
-        self.metrics.refresh([], states, waiting, self.directory.totals()[1])
+        self.metrics.refresh([], states, waiting, self.directory.totals()[1], await self.load())
 
     async def shutdown(self) -> int:
         unfinished = [rid for rid, r in self.requests.items() if not r.is_done]

@@ -92,5 +92,4 @@ class OpenRequest:
 
     def _post(self, event: StreamEvent | None) -> None:
         assert self.watch is not None
-        if event is None or self.watch.events is not None:
-            self.watch.post(event)
+        self.watch.post(event)

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import asdict
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -190,6 +191,7 @@ class Worker:
     async def _publish_status(self) -> None:
         assert self.link is not None
         channels = await asyncio.to_thread(self.engine.channel_states)
+        load = await asyncio.to_thread(self.engine.load)
         items = {job.engine_request_id: job.item for job in self.jobs.values()}
         for channel in channels:  # the caller's request and index, not the engine's own
             if (item := items.get(channel["request_id"])) is not None:
@@ -199,7 +201,7 @@ class Worker:
                               channels=channels, queue_length=sum(c["queued"] for c in channels),
                               num_steps=self.engine.stats.num_steps, num_tokens_computed=self.engine.stats.num_tokens_computed,
                               num_tokens_generated=self.engine.stats.num_tokens_generated,
-                              alerts=dict(self.engine.audit.alert_counts))
+                              alerts=dict(self.engine.audit.alert_counts), load=asdict(load))
         await self.link.nc.publish(self.link.topology.status_subject(self.worker_id), status.encode())
 
     async def _on_status(self, msg: Msg) -> None:

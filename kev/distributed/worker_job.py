@@ -61,8 +61,11 @@ class Job:
         result.request_id, result.index, result.worker = item.request_id, item.index, self.worker
         result.strategy, result.rerouted = item.strategy or result.strategy, item.rerouted or result.rerouted
         started = result.started_at or result.finished_at
-        if started is not None:
-            result.queue_ms = round(max(0.0, started - item.submitted_at) * 1000, 3)
+        if started is not None:  # waits count from the router's submit (the work stream included)
+            queue_ms = round(max(0.0, started - item.submitted_at) * 1000, 3)
+            if result.ttft_ms is not None:
+                result.ttft_ms = round(result.ttft_ms + queue_ms - result.queue_ms, 3)
+            result.queue_ms = queue_ms
         return ResultMessage(reply=item.reply, worker=self.worker, attempt=self.attempt, result=result.to_dict())
 
 

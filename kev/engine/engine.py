@@ -19,14 +19,17 @@ import torch
 from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
-from kev.engine.engine_setup import EngineParts, build_parts
+from kev.engine.describe import describe
+from kev.engine.engine_setup import EngineParts, build_parts, pick_device
 from kev.engine.isolation_guard import IsolationGuard
+from kev.engine.logprobs import LogitRows
 from kev.engine.overflow import place_all
 from kev.engine.packer import pack
 from kev.engine.postprocess import Postprocessor
 from kev.engine.request import Request, StreamEvent
 from kev.engine.sampler import sample
-from kev.engine.stats import EngineStats
+from kev.engine.stats import EngineLoad, EngineStats
+from kev.engine.structured import GrammarCompiler
 from kev.engine.submission import SubmitOptions, build_questions
 from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnknownRequestError
 from kev.isolation.audit import Alert, AuditLog
@@ -67,6 +70,7 @@ class Engine:
         self.audit = AuditLog(config.audit.path, config.audit.level)
         self.parts.blocks.on_change = self.audit.on_blocks
         self.post = Postprocessor(self.parts, self.requests, record_logits, self.audit)
+        self.grammars = GrammarCompiler(self.tokenizer, self.runner.model.config.vocab_size, sorted(self.post.eos_ids))
         self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler, self.post)
         self.metadata_hook: Callable[[StepMetadata], None] | None = None
         self._lock = threading.Condition()
@@ -81,21 +85,32 @@ class Engine:
     def submit(self, queries: list[Any], isolation: str | None = None, max_parallel: int | None = None,
                max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
                top_k: int | None = None, seed: int | None = None, stop: list[str] | str | None = None,
-               timeout_ms: int | None = None, system: str | None = None, ignore_eos: bool | None = None) -> str:
+               timeout_ms: int | None = None, system: str | None = None, ignore_eos: bool | None = None,
+               logprobs: int | None = None, prompt_logprobs: bool | None = None,
+               structured_outputs: dict[str, Any] | None = None, logit_bias: dict[Any, float] | None = None,
+               presence_penalty: float | None = None, frequency_penalty: float | None = None) -> str:
         """Route the questions to channels; returns a request_id. Bad questions become error results.
+
+        logprobs=k: each new token's logprob and its k most likely alternatives; prompt_logprobs:
+        every prompt token's too (then max_tokens may be 0: score only). Both are of the model's
+        distribution before temperature, top-k/top-p and any grammar. structured_outputs: one of
+        json / json_object / regex / choice / grammar (kev.engine.structured), per question too.
+        logit_bias / presence_penalty / frequency_penalty: as OpenAI's, applied to the question's own row.
 
         When no channel can take a question, router.overflow_policy decides: `wait` blocks
         here (OverflowTimeoutError after the question's timeout_ms), `queue` and `reject`
         return at once or raise RejectedError."""
         sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                    "seed": seed, "stop": stop, "ignore_eos": ignore_eos}
+                    "seed": seed, "stop": stop, "ignore_eos": ignore_eos, "logprobs": logprobs,
+                    "prompt_logprobs": prompt_logprobs, "structured_outputs": structured_outputs,
+                    "logit_bias": logit_bias, "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
         options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
         request_id = uuid.uuid4().hex[:16]
         request = Request(request_id, len(queries), options.isolation)
         questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config,
-                                            self.runner.model.config.vocab_size, self.parts.router)
+                                            self.runner.model.config.vocab_size, self.parts.router, self.grammars)
         with self._lock:
             if self._closed:
                 raise InvalidRequestError("engine is closed")
@@ -185,9 +200,9 @@ class Engine:
                 self.metadata_hook(meta)
             if not self.guard.check(meta):
                 return 0
-        logits = self.runner.run(meta)
+        logits = LogitRows.split(work, self.runner.run(meta))
         sampling = [w.question for w in work if w.samples]
-        tokens = sample(logits, sampling)
+        tokens = sample(logits.sampling, sampling)
         with self._lock:
             self.post.apply(work, sampling, tokens, logits)
             self.scheduler.prefixes.after_step()
@@ -226,6 +241,19 @@ class Engine:
     def queue_length(self) -> int:
         with self._lock:
             return len(self.scheduler.waiting())
+
+    def describe(self) -> dict[str, Any]:
+        """Model, architecture, precision, device, threads, pool and KV sizes (the start-up banner)."""
+        info = describe(self.config, self.runner.model.config, self.parts.blocks.num_blocks,
+                        str(pick_device(self.config.core.device)), torch.get_num_threads())
+        return {**info, "numerics": self.runner.fingerprint}
+
+    def load(self) -> EngineLoad:
+        """Questions running and waiting, KV blocks in use, loose prefix-cache lookups (for /metrics and logs)."""
+        with self._lock:
+            blocks, store = self.parts.blocks, self.scheduler.prefixes.store
+            return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting()), blocks.num_used_blocks,
+                              blocks.num_blocks, store.num_loose_queries, store.num_loose_hits)
 
     def run_until_idle(self) -> None:
         while self.scheduler.has_work():

@@ -60,7 +60,13 @@ def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
         raise ConfigError("core.precision: fp16 needs a CUDA device (core.device is cpu); use fp32, bf16 or auto")
     log.info("precision: %s", describe_precision(core.precision, core.device))
     model = load_model(folder, precision, device, core.max_context)
-    return model, Tokenizer.from_folder(folder)
+    tokenizer = Tokenizer.from_folder(folder, core.chat_template)
+    named_instruct = any(word in f"{core.model_path} {folder.name}".lower() for word in ("instruct", "chat"))
+    if named_instruct and not tokenizer.has_chat_template:
+        log.warning("model %s looks like an instruct model but has no chat template (chat_template.jinja, "
+                    "tokenizer_config.json, chat_template.json): questions go in as raw text; give one with "
+                    "core.chat_template or --chat-template", core.model_path)
+    return model, tokenizer
 
 
 def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
@@ -79,7 +85,7 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
                          cache_root() / "probes", model.kernel_identity())
     if not verdict.free_rows:
         return fixed
-    return replace(fixed, free_rows=True, min_rows=verdict.min_rows)
+    return replace(fixed, free_rows=True, min_rows=verdict.min_rows, max_sample_rows=max_samples)
 
 
 def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: Tokenizer | None = None) -> EngineParts:

@@ -11,8 +11,10 @@ from typing import Any
 
 from kev.engine.question import SamplingParams
 
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
-OVERRIDES = {*SAMPLING_FIELDS, "timeout_ms", "priority"}
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "logprobs",
+                   "prompt_logprobs", "logit_bias", "presence_penalty", "frequency_penalty")
+OVERRIDES = {*SAMPLING_FIELDS, "timeout_ms", "priority", "structured_outputs"}
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI caps top_logprobs
 CONTENT_KEYS = ("text", "messages", "prompt", "prompt_ids")
 
 
@@ -28,6 +30,7 @@ class RequestDefaults:
     system: str | None = None
     system_is_public: bool = False  # the operator's config system prompt, not the caller's
     timeout_ms_cap: int = 600_000
+    structured_outputs: dict[str, Any] | None = None  # the request's constraint, unless a question sets its own
 
 
 @dataclass
@@ -39,7 +42,7 @@ class QuestionSpec:
     timeout_ms: int
     priority: int = 0
     prompt_ids: list[int] | None = None  # token ids used as-is
-
+    structured_outputs: dict[str, Any] | None = None  # checked and compiled by kev.engine.structured
 
 
 def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionSpec:
@@ -75,7 +78,8 @@ def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionS
     sampling = validate_sampling(options, defaults.sampling, defaults.max_tokens_cap, where + ".")
     return QuestionSpec(messages, prompt, original, sampling,
                         validate_timeout(options.get("timeout_ms", defaults.timeout_ms), defaults.timeout_ms_cap, where + "."),
-                        _int(options.get("priority", 0), f"{where}.priority", None), prompt_ids)
+                        _int(options.get("priority", 0), f"{where}.priority", None), prompt_ids,
+                        options.get("structured_outputs", defaults.structured_outputs))
 
 
 def validate_timeout(timeout_ms: Any, cap: int, where: str) -> int:
@@ -86,9 +90,11 @@ def validate_timeout(timeout_ms: Any, cap: int, where: str) -> int:
 
 
 def _token_ids(value: Any, where: str) -> list[int]:
-    if not isinstance(value, list) or not value or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                          for t in value):
+    if not isinstance(value, list) or not value:
         raise QuestionError(f"{where}: must be a non-empty list of token ids (non-negative integers)")
+    for i, token in enumerate(value):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise QuestionError(f"{where}[{i}]: must be a token id (a non-negative integer), got {token!r}")
     return value
 
 
@@ -97,7 +103,15 @@ def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, wh
     pick = lambda key: values[key] if values.get(key) is not None else getattr(base, key)  # noqa: E731
     max_tokens, temperature, top_p, top_k = pick("max_tokens"), pick("temperature"), pick("top_p"), pick("top_k")
     seed, stop, ignore_eos = pick("seed"), pick("stop"), pick("ignore_eos")
-    max_tokens = _int(max_tokens, f"{where}max_tokens", 1)
+    logprobs, prompt_logprobs = pick("logprobs"), pick("prompt_logprobs")
+    if logprobs is not None:
+        logprobs = _int(logprobs, f"{where}logprobs", 0)
+        if logprobs > MAX_LOGPROBS:
+            raise QuestionError(f"{where}logprobs: at most {MAX_LOGPROBS} alternatives per token, got {logprobs}")
+    if not isinstance(prompt_logprobs, bool):
+        raise QuestionError(f"{where}prompt_logprobs: must be true or false, got {prompt_logprobs!r}")
+    # max_tokens 0 scores the prompt and generates nothing (OpenAI's echo with max_tokens 0).
+    max_tokens = _int(max_tokens, f"{where}max_tokens", 0 if prompt_logprobs else 1)
     if max_tokens > cap:
         raise QuestionError(f"{where}max_tokens: {max_tokens} exceeds the cap router.max_tokens_cap={cap}")
     temperature = _number(temperature, f"{where}temperature", 0.0, 100.0)
@@ -115,7 +129,25 @@ def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, wh
         raise QuestionError(f"{where}stop: must be a non-empty string or a list of them")
     if not isinstance(ignore_eos, bool):
         raise QuestionError(f"{where}ignore_eos: must be true or false, got {ignore_eos!r}")
-    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos)
+    presence = _number(pick("presence_penalty"), f"{where}presence_penalty", -2.0, 2.0)
+    frequency = _number(pick("frequency_penalty"), f"{where}frequency_penalty", -2.0, 2.0)
+    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos, logprobs, prompt_logprobs,
+                          _logit_bias(pick("logit_bias"), f"{where}logit_bias"), presence, frequency)
+
+
+def _logit_bias(value: Any, where: str) -> tuple[tuple[int, float], ...]:
+    """{token id (an int or its decimal string, as OpenAI's JSON has it): bias in [-100, 100]}."""
+    if isinstance(value, tuple):
+        return value
+    if not isinstance(value, dict):
+        raise QuestionError(f"{where}: must be an object mapping token ids to biases")
+    pairs = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else key
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise QuestionError(f"{where}: key {key!r} is not a token id")
+        pairs.append((token, _number(bias, f"{where}[{key!r}]", -100.0, 100.0)))
+    return tuple(sorted(pairs))
 
 
 def _text(value: Any, where: str) -> str:

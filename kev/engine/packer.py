@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kev.engine.logprobs import logit_rows
 from kev.engine.scheduler import Work
 from kev.isolation.block_manager import BlockManager
 from kev.model.step_metadata import ChannelSpan, StepMetadata
@@ -25,6 +26,7 @@ class TilePlan:
     invariant: bool = True  # False: the whole step is one GEMM (for measuring what invariance costs)
     free_rows: bool = False  # the probe proved one GEMM per step invariant: no tiles at all
     min_rows: int = 1  # free rows: pad a GEMM to at least this many rows
+    max_sample_rows: int = 0  # free rows: the most lm_head rows the probe verified in one GEMM (0: no limit)
 
     @property
     def is_one_gemm(self) -> bool:
@@ -41,7 +43,12 @@ class TilePlan:
         return [max(num_rows, self.min_rows)]
 
     def for_samples(self, num_rows: int) -> list[int]:
-        return self.for_step(num_rows) if self.is_one_gemm else self.for_decode(num_rows)
+        """lm_head tiles: one GEMM up to the verified limit (more rows than that come with prompt logprobs)."""
+        if not self.is_one_gemm:
+            return self.for_decode(num_rows)
+        limit = self.max_sample_rows or max(num_rows, 1)
+        full, rest = divmod(num_rows, limit)
+        return [limit] * full + (self.for_step(rest) if rest or not full else [])
 
     def for_chunk(self, length: int) -> list[int]:
         """Big tiles, then one tile (small, 2×small, … up to big) for the rest: one padded
@@ -99,8 +106,7 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
             kv_slots = torch.tensor(blocks.slots(channel, 0, end), dtype=torch.long, device=device)
             spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device), w.start == 0,
                                      q.prefix_len))
-            if w.samples:
-                sample_rows.append(q_start + w.length - 1)
+            sample_rows.extend(logit_rows(w, q_start))  # the sampling row; all rows of a prompt being scored
         if group and not one_gemm:
             rows.close_tiles(plan.for_decode(len(group)) if group is decode else plan.for_chunk(group[0].length))
     if one_gemm:

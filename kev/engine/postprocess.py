@@ -8,6 +8,7 @@ import torch
 from kev.aggregator.audit_records import result_fields
 from kev.aggregator.result import Result
 from kev.engine.engine_setup import EngineParts
+from kev.engine.logprobs import LogitRows, TokenTexts, record_prompt, record_sampled
 from kev.engine.question import Phase, Question
 from kev.engine.request import Request, StreamEvent
 from kev.engine.scheduler import Work
@@ -23,28 +24,46 @@ class Postprocessor:
         self.max_context = parts.scheduler.limits.max_context
         self.fingerprint = parts.runner.fingerprint
         self.strategy = parts.router.strategy_name
+        self.texts = TokenTexts(parts.tokenizer)
 
-    def apply(self, work: list[Work], sampled: list[Question], tokens: list[int], logits: torch.Tensor) -> None:
+    def apply(self, work: list[Work], sampled: list[Question], tokens: list[int], logits: LogitRows) -> None:
         for w in work:
             w.question.num_computed = w.start + w.length
+        now = time.monotonic()
+        for w, chunk in logits.chunks:
+            if not w.question.is_finished:
+                record_prompt(w, chunk, self.texts)
         for row, (q, token) in enumerate(zip(sampled, tokens)):
             if q.is_finished:  # cancelled or timed out while the forward ran
                 continue
             q.phase = Phase.DECODE
+            if q.sampling.max_tokens == 0:  # scoring only: the prompt's logprobs are all it wanted
+                self.scheduler.finish(q, "length")
+                self.complete(q)
+                continue
             q.output_ids.append(token)
+            q.first_token_mono, q.last_token_mono = q.first_token_mono or now, now
             if self.record_logits or q.shadow or q.shadow_of is not None:
-                q.logits.append(logits[row].clone())
+                q.logits.append(logits.sampling[row].clone())
+            record_sampled(q, logits.sampling[row], token, self.texts)
             reason = self._stop_reason(q, token)
-            if reason:
+            if q.grammar is not None and q.grammar.error:  # never expected: the mask allowed only what it accepts
+                self.scheduler.finish(q, "error", "error", f"structured output failed: {q.grammar.error}")
+                self.complete(q)
+            elif reason:
                 self.scheduler.finish(q, reason)
                 self.complete(q)
             else:
                 self._emit(q, final=False)
 
     def _stop_reason(self, q: Question, token: int) -> str | None:
+        if q.grammar is not None:
+            q.grammar.accept(token)
         if token in self.eos_ids and not q.sampling.ignore_eos:
             return "stop"
         q.text += q.decoder.push(token)
+        if q.grammar is not None and q.grammar.is_done:  # the constrained text is whole: nothing may follow
+            return "stop"
         for stop in q.sampling.stop:
             cut = q.text.find(stop)
             if cut >= 0:
@@ -69,16 +88,18 @@ class Postprocessor:
         if safe > sent or final:
             request = self.requests[q.request_id]
             request.events.put(StreamEvent(q.index, q.channel_id, q.text[sent:max(safe, sent)],
-                                           q.output_ids[sent_tokens:]))
+                                           q.output_ids[sent_tokens:], logprobs=q.logprobs[sent_tokens:]))
             q._sent, q._sent_tokens = max(safe, sent), len(q.output_ids)  # type: ignore[attr-defined]
 
     def complete(self, q: Question) -> None:
         """The question is finished: flush its text, build its Result, hand it to its request."""
+        q.grammar = None  # the channel's grammar state goes with the question that held the channel
         if q.finish_reason != "stop" or not q.sampling.stop:
             q.text += q.decoder.flush()
         self._emit(q, final=True)
         elapsed = ((q.finished_mono or time.monotonic()) - q.started_mono) * 1000 if q.started_mono else 0.0
         queued = ((q.started_at or q.finished_at or time.time()) - q.submitted_at) * 1000
+        ttft, tpot = _token_times(q, queued)
         result = Result(
             request_id=q.request_id, index=q.index, text=q.text, token_ids=list(q.output_ids),
             prompt_tokens=len(q.prompt_ids), completion_tokens=len(q.output_ids), channel_id=q.channel_id,
@@ -88,6 +109,9 @@ class Postprocessor:
             logits=torch.stack(q.logits) if q.logits and self.record_logits else None,
             normalized_text=q.normalized_text, hash_bucket=q.features.bucket if q.features else None,
             rerouted=q.rerouted, category=q.features.category if q.features else None, queue_ms=round(queued, 3),
+            logprobs=list(q.logprobs) if q.sampling.logprobs is not None else None,
+            prompt_logprobs=list(q.prompt_logprobs) if q.sampling.prompt_logprobs else None,
+            ttft_ms=ttft, tpot_ms=tpot,
         )
         if q.shadow_of is not None:
             self._verify(q.shadow_of, q)
@@ -134,3 +158,13 @@ class Postprocessor:
         for q in list(self.scheduler.running):
             self.scheduler.finish(q, "error", "error", message)
             self.complete(q)
+
+
+def _token_times(q: Question, queued_ms: float) -> tuple[float | None, float | None]:
+    """Time to first token (submit → first token, queue included) and the mean time between later tokens, in ms."""
+    if q.first_token_mono is None or q.started_mono is None:
+        return None, None
+    ttft = queued_ms + (q.first_token_mono - q.started_mono) * 1000
+    gaps = len(q.output_ids) - 1
+    tpot = (q.last_token_mono - q.first_token_mono) * 1000 / gaps if gaps > 0 and q.last_token_mono else None
+    return round(ttft, 3), (round(tpot, 3) if tpot is not None else None)

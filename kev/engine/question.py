@@ -18,6 +18,15 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
+    logprobs: int | None = None  # None: none; k: each new token's logprob and its k most likely alternatives
+    prompt_logprobs: bool = False  # also the logprob of every prompt token (after the first); allows max_tokens 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), sorted by id
+    presence_penalty: float = 0.0  # subtracted from the logit of every token already generated
+    frequency_penalty: float = 0.0  # times the number of times it was generated
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     @property
     def is_greedy(self) -> bool:
@@ -61,6 +70,8 @@ class Question:
     started_mono: float | None = None
     finished_at: float | None = None
     finished_mono: float | None = None
+    first_token_mono: float | None = None  # when its first output token was sampled (TTFT)
+    last_token_mono: float | None = None  # ... and its latest (time per output token)
     finish_reason: str | None = None
     status: str = "ok"
     error: str | None = None
@@ -71,6 +82,10 @@ class Question:
     shadow: bool = False  # re-run alone after it finishes, to verify isolation
     shadow_of: Question | None = None  # set on the re-run: the question it verifies
     held_result: Any = None  # the verified question's Result, delivered once the shadow finishes
+    grammar_spec: Any = None  # CompiledGrammar of its structured_outputs (a shadow re-run starts its own matcher)
+    grammar: Any = None  # ChannelGrammar: the structured-output state of this question's channel, dropped at finish
+    logprobs: list[Any] = field(default_factory=list)  # one dict per new token (sampling.logprobs set)
+    prompt_logprobs: list[Any] = field(default_factory=list)  # one per prompt token; the first's logprob is None
 
     @property
     def deadline(self) -> float | None:

@@ -5,6 +5,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from kev.aggregator.result import Result
 from kev.engine.question import Question
@@ -20,6 +21,7 @@ class StreamEvent:
     token_ids: list[int]
     finished: bool = False
     result: Result | None = None  # set on the final event of a question
+    logprobs: list[Any] = field(default_factory=list)  # one entry per token in token_ids (when logprobs were asked)
 
 
 @dataclass

@@ -11,11 +11,17 @@ def sample(logits: torch.Tensor, questions: list[Question]) -> list[int]:
     """logits: [num_questions, vocab] fp32, row i belongs to questions[i]. Greedy rows take one batched
     argmax (an argmax is exact: a row's answer cannot depend on the rows beside it)."""
     greedy = torch.argmax(logits, dim=-1).tolist() if logits.shape[0] else []
-    return [greedy[i] if q.sampling.is_greedy else sample_one(row, q) for i, (row, q) in enumerate(zip(logits, questions))]
+    # A channel that changes its own row first (grammar, logit_bias, penalties) never takes the batched pick.
+    return [greedy[i] if q.sampling.is_greedy and q.grammar is None and not q.sampling.adjusts_logits
+            else sample_one(row, q) for i, (row, q) in enumerate(zip(logits, questions))]
 
 
 def sample_one(row: torch.Tensor, question: Question) -> int:
     params = question.sampling
+    if params.adjusts_logits:
+        row = adjust(row, question)
+    if question.grammar is not None:  # this channel's structured output: only its own row is masked
+        row = question.grammar.constrain(row)
     if params.is_greedy:
         return int(torch.argmax(row))
     scores = row / params.temperature
@@ -29,3 +35,16 @@ def sample_one(row: torch.Tensor, question: Question) -> int:
         scores = scores.scatter(0, order[drop], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     return int(torch.multinomial(probs, 1, generator=question.generator))
+
+
+def adjust(row: torch.Tensor, question: Question) -> torch.Tensor:
+    """OpenAI's logit_bias and presence/frequency penalties, from this question's own tokens only."""
+    params, row = question.sampling, row.clone()
+    if params.presence_penalty or params.frequency_penalty:
+        if question.output_ids:
+            counts = torch.bincount(torch.tensor(question.output_ids), minlength=row.numel()).to(row)
+            row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(row)
+    if params.logit_bias:
+        ids = torch.tensor([token for token, _ in params.logit_bias], device=row.device)
+        row[ids] += torch.tensor([bias for _, bias in params.logit_bias], dtype=row.dtype, device=row.device)
+    return row

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -29,3 +29,25 @@ class EngineStats:
         self.num_tokens_computed += num_tokens
         self.num_tokens_generated += num_sampled
         self.recent.append(StepRecord(time.time(), num_channels, num_tokens, num_sampled, step_ms))
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine holds now, and its cumulative prefix-cache counters (read by /metrics and the stats log).
+
+    Engines add up (multi_gpu replicas, distributed workers): a usage ratio is taken of the sums,
+    never averaged over engines of different sizes."""
+
+    num_running: int = 0  # questions in a channel (prefill or decode)
+    num_waiting: int = 0  # questions in a channel queue or the overflow FIFO
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    prefix_queries: int = 0  # loose-level prefix cache lookups since start
+    prefix_hits: int = 0  # ... that found the prefix's K/V already computed
+
+    def __add__(self, other: EngineLoad) -> EngineLoad:
+        return EngineLoad(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0

@@ -14,6 +14,7 @@ from kev.config.schema import ISOLATION_ORDER
 from kev.engine.inputs import (QuestionError, QuestionSpec, RequestDefaults, parse_question, validate_sampling,
                                validate_timeout)
 from kev.engine.question import Question, SamplingParams
+from kev.engine.structured import CompiledGrammar, GrammarCompiler
 from kev.errors import InvalidRequestError
 from kev.model.tokenizer import Tokenizer
 from kev.router.features import QuestionFeatures
@@ -49,7 +50,8 @@ class SubmitOptions:
             raise InvalidRequestError(f"system: must be a string, got {type(system).__name__}")
         defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout, system or config.isolation.system_prompt,
                                    system_is_public=system is None and config.isolation.system_prompt is not None,
-                                   timeout_ms_cap=config.router.timeout_ms_cap)
+                                   timeout_ms_cap=config.router.timeout_ms_cap,
+                                   structured_outputs=sampling.get("structured_outputs"))
         return cls(level, min(max_parallel or cap, cap), defaults)
 
 
@@ -63,10 +65,12 @@ class ReadQuestion:
     prompt_ids: list[int]
     normalized: str | None
     features: QuestionFeatures
+    grammar: CompiledGrammar | None = None
 
 
 def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
-                   config: KevConfig, vocab_size: int, router: Router) -> tuple[list[ReadQuestion], list[Result]]:
+                   config: KevConfig, vocab_size: int, router: Router,
+                   grammars: GrammarCompiler | None = None) -> tuple[list[ReadQuestion], list[Result]]:
     """The per-question checks every submit path makes (engine, router): a bad question becomes its error result."""
     read: list[ReadQuestion] = []
     errors: list[Result] = []
@@ -75,24 +79,45 @@ def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, 
             spec = parse_question(raw, index, options.defaults)
             normalized = normalize_question(spec, router.normalizer)
             prompt_ids = tokenize_question(spec, tokenizer, index, config.core.max_context, vocab_size)
+            grammar = _compile(spec, grammars, index)
+            _check_bias(spec, index, vocab_size)
         except QuestionError as err:
             errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
                                  isolation=options.isolation, original_text=raw if isinstance(raw, str) else None,
                                  strategy=router.strategy_name))
             continue
         text = (spec.original_text or "") if normalized is None else normalized
-        read.append(ReadQuestion(index, raw, spec, prompt_ids, normalized, router.describe(text, len(prompt_ids))))
+        read.append(ReadQuestion(index, raw, spec, prompt_ids, normalized, router.describe(text, len(prompt_ids)),
+                                 grammar))
     return read, errors
 
 
+def _check_bias(spec: QuestionSpec, index: int, vocab_size: int) -> None:
+    outside = next((t for t, _ in spec.sampling.logit_bias if t >= vocab_size), None)
+    if outside is not None:
+        raise QuestionError(f"queries[{index}].logit_bias: token id {outside} is outside the vocabulary "
+                            f"(0..{vocab_size - 1})")
+
+
+def _compile(spec: QuestionSpec, grammars: GrammarCompiler | None, index: int) -> CompiledGrammar | None:
+    if spec.structured_outputs is None or grammars is None:
+        return None  # grammars None: a distributed router; the worker's engine compiles (and checks) it
+    return grammars.compile(spec.structured_outputs, f"queries[{index}].structured_outputs")
+
+
 def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
-                    config: KevConfig, vocab_size: int, router: Router) -> tuple[list[Question], list[Result]]:
-    read, errors = read_questions(queries, request_id, options, tokenizer, config, vocab_size, router)
+                    config: KevConfig, vocab_size: int, router: Router,
+                    grammars: GrammarCompiler | None = None) -> tuple[list[Question], list[Result]]:
+    read, errors = read_questions(queries, request_id, options, tokenizer, config, vocab_size, router, grammars)
     questions: list[Question] = []
     for r in read:
         q = _question(r.spec, r.prompt_ids, request_id, r.index, options.isolation, tokenizer)
         q.shadow = random.random() < config.isolation.shadow_rate
-        if config.isolation.shared_prefix and options.defaults.system and r.spec.messages:
+        if r.grammar is not None:
+            q.grammar_spec, q.grammar = r.grammar, r.grammar.start()
+        # Prompt logprobs need every prompt row computed in the question's own channel: no attached prefix.
+        if config.isolation.shared_prefix and options.defaults.system and r.spec.messages \
+                and not r.spec.sampling.prompt_logprobs:
             q.prefix_ids = _prefix_ids(tokenizer, options.defaults.system, r.prompt_ids)
             q.prefix_public = options.defaults.system_is_public
         q.normalized_text = r.normalized
@@ -119,8 +144,10 @@ def _prefix_ids(tokenizer: Tokenizer, system: str, prompt_ids: list[int]) -> lis
 def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int, vocab_size: int) -> list[int]:
     if spec.prompt_ids is not None:
         ids = spec.prompt_ids
-        if max(ids) >= vocab_size:
-            raise QuestionError(f"queries[{index}].prompt_ids: id {max(ids)} is outside the vocabulary ({vocab_size})")
+        outside = next((i for i, t in enumerate(ids) if t >= vocab_size), None)
+        if outside is not None:
+            raise QuestionError(f"queries[{index}].prompt_ids[{outside}]: token id {ids[outside]} is outside the "
+                                f"vocabulary (0..{vocab_size - 1})")
     elif spec.raw_prompt is not None:
         ids = tokenizer.encode(spec.raw_prompt)
     elif tokenizer.has_chat_template:
@@ -140,6 +167,8 @@ def shadow_copy(q: Question, tokenizer: Tokenizer) -> Question:
     if q.seed is not None:
         copy.generator = torch.Generator().manual_seed(q.seed)
     copy.decoder = tokenizer.incremental_decoder()
+    if q.grammar_spec is not None:
+        copy.grammar_spec, copy.grammar = q.grammar_spec, q.grammar_spec.start()
     return copy
 
 

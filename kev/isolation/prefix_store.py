@@ -47,14 +47,18 @@ class PrefixStore:
         self.entries: dict[PrefixKey, PrefixEntry] = {}
         self._next_owner = -1
         self.num_hits = 0
+        self.num_loose_queries = 0  # loose lookups (the cross-request prefix cache), for /metrics
+        self.num_loose_hits = 0
 
     def acquire(self, key: PrefixKey, token_ids: list[int], level: str) -> tuple[PrefixEntry, bool]:
         """The entry for key (created if new); True when it must still be computed."""
         entry = self.entries.get(key)
+        self.num_loose_queries += level == "loose"
         if entry is not None and entry.token_ids == token_ids:  # tokens compared too: a hash is not proof
             entry.waiting += 1
             entry.last_used = time.monotonic()
             self.num_hits += entry.ready
+            self.num_loose_hits += level == "loose"  # found: its K/V are not computed again
             return entry, False
         entry = PrefixEntry(key, self._next_owner, list(token_ids), level, waiting=1)
         self._next_owner -= 1

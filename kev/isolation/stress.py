@@ -37,6 +37,7 @@ class StressOptions:
     levels: tuple[str, ...] | None = None  # None: every level the config can run
     seed: int | None = None
     system: str = DEFAULT_SYSTEM
+    on_progress: Callable[[str], None] | None = None  # told what runs now, between waves (the CLI's time bar)
 
 
 @dataclass
@@ -151,6 +152,8 @@ class Soak:
             outstanding = self.collect(outstanding)
             if len(outstanding) < 2:
                 outstanding += self.wave(questions, drain_end)
+            if self.options.on_progress is not None:
+                self.options.on_progress(f"{self.level}: {self.report.waves} waves, {self.report.completed} answered")
             time.sleep(self.rng.uniform(0.05, 0.3))
         while outstanding and time.monotonic() < drain_end:
             outstanding = self.collect(outstanding)
@@ -215,6 +218,8 @@ def check_solo(soak: Soak, answers: dict[Key, list[Answer]], until: float) -> No
         if remaining <= 0:
             break
         runs = answers[(text, system)]
+        if soak.options.on_progress is not None:
+            soak.options.on_progress(f"{soak.level}: solo re-run {report.solo_checked + 1}/{len(keys)}")
         request_id = engine.submit([text], isolation=soak.level, system=soak.submit_system(system),
                                    max_tokens=max(a.max_tokens for a in runs), timeout_ms=600_000)
         try:

@@ -9,13 +9,15 @@ Procedure (docs/isolation-proofs.md):
    questions join while others decode. Channels are handed out round-robin from a cursor that
    carries over, so the same question lands in different channels from trial to trial.
 3. The last mix also carries the canary; its secret must appear in no other answer.
-4. Compare token ids and logits with torch.equal; max |delta logit| shows how far apart they are.
+4. Compare token ids and logits with torch.equal, and the logprobs (top 5 per new token; in strict
+   also every prompt token's) for equality; max |delta logit| shows how far apart they are.
 """
 from __future__ import annotations
 
 import math
 import random
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,7 @@ FILLERS: list[str] = ["OK?", "Say yes.", "2+2=?", "Name a colour.", "你好", "C
 # The common system prompt under shared/loose, so there is a shared prefix to test.
 DEFAULT_SYSTEM = "You are a careful technical assistant. Answer briefly and precisely."
 TIMEOUT_MS = 600_000  # a proof run must not lose questions to the serving timeout
+TOP_LOGPROBS = 5
 
 
 @dataclass(frozen=True)
@@ -117,8 +120,10 @@ class MixItem:
     is_filler: bool = False
 
 
-def run_verify(engine: Engine, options: VerifyOptions) -> VerifyReport:
-    """engine: built with record_logits=True and background=False (verify drives its steps)."""
+def run_verify(engine: Engine, options: VerifyOptions,
+               on_progress: Callable[[str, float, float], None] | None = None) -> VerifyReport:
+    """engine: built with record_logits=True and background=False (verify drives its steps).
+    on_progress(label, runs done, runs in all): before each solo reference and each mix."""
     if not engine.record_logits or engine.is_background:
         raise ValueError("verify needs an engine built with record_logits=True and background=False")
     if options.trials < 1 or not options.questions:
@@ -128,11 +133,17 @@ def run_verify(engine: Engine, options: VerifyOptions) -> VerifyReport:
     canary = f"KEV-CANARY-{secrets.token_hex(4).upper()}"
     canary_question = f"Remember the code word {canary}. Repeat it."
     questions = list(dict.fromkeys(options.questions))  # one reference per distinct question
-    solo = {q: run_mix(engine, [MixItem(q, options.max_tokens)], rng, options)[0] for q in [*questions, canary_question]}
+    references = [*questions, canary_question]
+    total, tick = len(references) + options.trials, on_progress or (lambda label, done, total: None)
+    solo = {}
+    for q in references:
+        tick(f"solo reference {len(solo) + 1}/{len(references)}", len(solo), total)
+        solo[q] = run_mix(engine, [MixItem(q, options.max_tokens)], rng, options)[0]
     checks = {q: QuestionCheck(q, len(solo[q].token_ids)) for q in questions}
     canary_check = QuestionCheck(canary_question, len(solo[canary_question].token_ids))
     leaks: list[str] = []
     for trial in range(options.trials):
+        tick(f"packed mix {trial + 1}/{options.trials}", len(references) + trial, total)
         with_canary = trial == options.trials - 1
         items = make_mix(questions, rng, options, canary_question if with_canary else None)
         for item, result in zip(items, run_mix(engine, items, rng, options)):
@@ -160,7 +171,9 @@ def run_mix(engine: Engine, items: list[MixItem], rng: random.Random, options: V
     """Submit the items in two parts, a random number of steps apart; results in item order."""
     cut = rng.randint(1, len(items))
     queries = [{"text": item.text, "max_tokens": item.max_tokens} for item in items]
-    submit = dict(isolation=options.level, system=options.system, timeout_ms=TIMEOUT_MS)
+    # Prompt logprobs keep a question off the shared prefix, so only strict (which copies it anyway) asks for them.
+    submit = dict(isolation=options.level, system=options.system, timeout_ms=TIMEOUT_MS, logprobs=TOP_LOGPROBS,
+                  prompt_logprobs=options.level == "strict")
     first = engine.submit(queries[:cut], **submit)
     for _ in range(rng.randint(0, options.max_late_steps) if cut < len(items) else 0):
         engine.step()
@@ -183,6 +196,10 @@ def compare(result: Result, solo: Result) -> tuple[bool, float, str | None]:
         return False, diff, f"tokens differ in channel {result.channel_id}"
     if not torch.equal(result.logits, solo.logits):
         return False, diff, f"logits differ in channel {result.channel_id} (max |delta| {diff:.3g})"
+    if result.logprobs != solo.logprobs:
+        return False, diff, f"logprobs differ in channel {result.channel_id}"
+    if result.prompt_logprobs != solo.prompt_logprobs:
+        return False, diff, f"prompt logprobs differ in channel {result.channel_id}"
     return True, diff, None
 
 

@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf.quants as gguf_quants
 import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
+
+from kev.errors import UnsupportedModelError
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token_type values
 
@@ -74,7 +77,7 @@ def convert_gguf_to_hf_folder(gguf_path: Path, out_dir: Path) -> Path:
     reader = GGUFReader(gguf_path)
     meta = _read_meta(reader)
     if meta.arch != "llama":
-        raise ValueError(f"{gguf_path}: GGUF architecture {meta.arch!r} is not supported (only 'llama')")
+        raise UnsupportedModelError(f"{gguf_path}: GGUF architecture {meta.arch!r} is not supported (only 'llama')")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -116,6 +119,16 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, d, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _dequantize(t: Any) -> np.ndarray:
+    """A tensor as float32; a quantization type the gguf package cannot dequantize is named, with those it can."""
+    try:
+        return dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        known = ["F32", "F16", *sorted(q.name for q in getattr(gguf_quants, "_type_traits", {}))]
+        raise UnsupportedModelError(f"GGUF tensor {t.name!r} has type {t.tensor_type.name}, which cannot be "
+                                    f"dequantized (supported: {', '.join(known)})") from None
+
+
 def _convert_tensors(reader: GGUFReader, meta: _Meta) -> dict[str, np.ndarray]:
     n_head = int(meta.arch_get("attention.head_count"))
     n_kv = int(meta.arch_get("attention.head_count_kv", n_head))
@@ -124,16 +137,16 @@ def _convert_tensors(reader: GGUFReader, meta: _Meta) -> dict[str, np.ndarray]:
         if t.name == "rope_freqs.weight":
             # Llama-3.1 style frequency factors live only in this tensor; dropping it would
             # silently change the model, so refuse instead.
-            raise ValueError("GGUF rope_freqs (llama3 rope scaling) is not supported yet")
+            raise UnsupportedModelError("GGUF tensor rope_freqs (llama3 rope scaling) is not supported yet")
         # ggml lists dims fastest-first; numpy/HF want them reversed.
         shape = tuple(reversed([int(d) for d in t.shape]))
-        w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        w = np.ascontiguousarray(_dequantize(t), dtype=np.float32).reshape(shape)
         if t.name in _GLOBAL_NAMES:
             out[_GLOBAL_NAMES[t.name]] = w
             continue
         m = _LAYER_RE.match(t.name)
         if m is None or m.group(2) not in _LAYER_NAMES:
-            raise ValueError(f"unexpected GGUF tensor {t.name!r}")
+            raise UnsupportedModelError(f"GGUF tensor {t.name!r} is not one of a llama model's")
         layer, kind, suffix = m.groups()
         if kind in ("attn_q", "attn_k"):
             w = np.ascontiguousarray(_unpermute(w, n_head if kind == "attn_q" else n_kv))
@@ -224,13 +237,13 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
-    raise ValueError(f"GGUF tokenizer.ggml.pre {pre!r} is not supported (smollm, gpt2, default, llama-bpe)")
+    raise UnsupportedModelError(f"GGUF tokenizer.ggml.pre {pre!r} is not supported (smollm, gpt2, default, llama-bpe)")
 
 
 def _build_tokenizer(meta: _Meta) -> HFTokenizer:
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
-        raise ValueError(f"GGUF tokenizer.ggml.model {model!r} is not supported (only byte-level BPE 'gpt2')")
+        raise UnsupportedModelError(f"GGUF tokenizer.ggml.model {model!r} is not supported (only byte-level BPE 'gpt2')")
     tokens: list[str] = list(meta.get("tokenizer.ggml.tokens"))
     types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     spelling = _bytes_to_unicode()

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kev.errors import UnsupportedModelError
+
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral"}
 
 
@@ -39,7 +41,8 @@ class ModelConfig:
     def from_hf_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         model_type = raw.get("model_type", "llama")
         if model_type not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"model_type '{model_type}' is not supported (supported: {sorted(SUPPORTED_ARCHITECTURES)})")
+            raise UnsupportedModelError(f"config.json: model_type {model_type!r} is not supported "
+                                        f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})")
         num_heads = raw["num_attention_heads"]
         # transformers >= 5 writes rope_parameters (theta inside); older configs rope_theta + rope_scaling.
         rope = raw.get("rope_parameters") or {}

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from kev.errors import UnsupportedModelError
+
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -18,7 +20,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | N
         return inv_freq / scaling["factor"]
     if kind == "llama3":
         return _llama3(inv_freq, scaling)
-    raise ValueError(f"rope_scaling type '{kind}' is not supported (default, linear, llama3)")
+    raise UnsupportedModelError(f"config.json: rope_scaling type {kind!r} is not supported (default, linear, llama3)")
 
 
 def _llama3(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:

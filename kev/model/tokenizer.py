@@ -12,6 +12,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from kev.errors import ConfigError
+
 _REPLACEMENT = "\ufffd"  # what a lossy UTF-8 decode ends with while a character is incomplete
 
 
@@ -35,8 +37,10 @@ class Tokenizer:
         self._template: jinja2.Template | None = None
 
     @classmethod
-    def from_folder(cls, path: Path) -> Tokenizer:
-        """Read tokenizer.json, tokenizer_config.json and the eos ids of config.json(s)."""
+    def from_folder(cls, path: Path, chat_template: str | None = None) -> Tokenizer:
+        """Read tokenizer.json, tokenizer_config.json, the chat template and the eos ids of config.json(s).
+
+        chat_template (core.chat_template, --chat-template) overrides the folder's: a file path, or the template itself."""
         path = Path(path)
         backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
         tok_config = _read_json(path / "tokenizer_config.json")
@@ -47,9 +51,7 @@ class Tokenizer:
             eos_ids += _as_id_list(_read_json(path / name).get("eos_token_id"))
         if eos is not None and (eos_id := backend.token_to_id(eos)) is not None:
             eos_ids.append(eos_id)
-        template = tok_config.get("chat_template")
-        if isinstance(template, list):  # the named-templates form; "default" is what HF picks
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        template = resolve_chat_template(chat_template) if chat_template else folder_chat_template(path, tok_config)
         return cls(
             backend,
             chat_template=template,
@@ -66,15 +68,36 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self._chat_template)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of text; special tokens written in the text are recognised, none are added."""
-        return self._backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of text; special tokens written in the text are recognised, none are added (unless asked)."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry (for byte-level BPE, one character per byte), not decoded text."""
+        return self._backend.id_to_token(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        added = self._backend.get_added_tokens_decoder().get(token_id)
+        return bool(added is not None and added.special)
+
+    @property
+    def pad_token(self) -> str | None:
+        padding = self._backend.padding
+        return padding.get("pad_token") if padding else None
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    def to_json(self) -> str:
+        """The tokenizer.json text (what grammar libraries build their token tables from)."""
+        return self._backend.to_str()
 
     def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt text the model's chat template makes of messages (like HF apply_chat_template)."""
@@ -133,6 +156,30 @@ class IncrementalDecoder:
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip) if ids else ""
+
+
+def folder_chat_template(path: Path, tok_config: dict[str, Any]) -> str | None:
+    """Where transformers finds it: chat_template.jinja (what it saves now) over tokenizer_config.json; a processor's
+    legacy chat_template.json when neither has one."""
+    if (path / "chat_template.jinja").is_file():
+        return (path / "chat_template.jinja").read_text(encoding="utf-8")
+    for template in (tok_config.get("chat_template"), _read_json(path / "chat_template.json").get("chat_template")):
+        if isinstance(template, list):  # the named-templates form; "default" is what HF picks
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template:
+            return str(template)
+    return None
+
+
+def resolve_chat_template(value: str) -> str:
+    """A file path, or the template itself (anything with braces or a newline), as vLLM's --chat-template reads it."""
+    if any(c in value for c in "{}\n"):
+        return value
+    try:
+        return Path(value).expanduser().read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"core.chat_template: {value!r} is neither a readable file ({err.strerror or err}) "
+                          "nor a template (no braces in it)") from None
 
 
 def _jinja_env() -> ImmutableSandboxedEnvironment:

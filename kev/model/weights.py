@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kev.errors import UnsupportedModelError
 from kev.model.llama import LlamaModel
 from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
@@ -27,7 +28,7 @@ def load_model(folder: Path, precision: str, device: torch.device, max_positions
     state = _to_kev_names(tensors, cfg)
     missing = set(model.state_dict()) - set(state)
     if missing:
-        raise ValueError(f"{folder}: checkpoint lacks {sorted(missing)[:5]}")
+        raise UnsupportedModelError(f"{folder}: the checkpoint lacks weights {sorted(missing)[:5]}")
     model.load_state_dict(state, strict=True, assign=True)
     return _finish(model, precision, device)
 
@@ -55,7 +56,7 @@ def _finish(model: LlamaModel, precision: str, device: torch.device) -> LlamaMod
 def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"{folder}: no *.safetensors files")
+        raise UnsupportedModelError(f"{folder}: no *.safetensors weights (Kev reads safetensors, or a .gguf file)")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(file, framework="pt") as handle:

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-CONTENT_KEYS = ("text", "messages", "prompt")
+CONTENT_KEYS = ("text", "messages", "prompt", "prompt_ids")
 MAX_SEED = 2**63 - 1  # torch generators take a signed 64-bit seed
 MIN_TEMPERATURE = 1e-3  # below this, logits / temperature can overflow fp32 and poison the step
 
@@ -40,10 +40,36 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class StructuredOutputs(_Body):
+    """Constrain the answer (vLLM's structured_outputs): exactly one of these."""
+
+    json_: dict[str, Any] | Text | None = Field(None, alias="json", description="a JSON schema")
+    json_object: Literal[True] | None = Field(None, description="any JSON object")
+    regex: Text | None = None
+    choice: Annotated[list[Annotated[Text, Field(min_length=1)]], Field(min_length=1)] | None = None
+    grammar: Text | None = Field(None, description="Lark (or GBNF) grammar")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        if len(self.model_fields_set) != 1:
+            raise ValueError("needs exactly one of json, json_object, regex, choice, grammar")
+        return self
+
+    def engine(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
 class _Sampling(_Body):
     """The sampling options a request sets for all its questions and a question may override."""
 
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0, description="0 only with prompt_logprobs (scoring only)")
+    logprobs: int | None = Field(None, ge=0, le=20, description="each new token's logprob and this many alternatives "
+                                 "(the model's distribution before temperature, top-k/top-p and grammar)")
+    prompt_logprobs: bool | None = Field(None, description="also every prompt token's logprob (the first is null)")
+    structured_outputs: StructuredOutputs | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(None, description="token id -> bias")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     temperature: Temperature = None
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
@@ -62,19 +88,21 @@ class QuestionObject(_Sampling):
     """One question with its own overrides; exactly one of text, messages, prompt."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
-        "oneOf": [{"required": ["text"]}, {"required": ["messages"]}, {"required": ["prompt"]}]})
+        "oneOf": [{"required": ["text"]}, {"required": ["messages"]}, {"required": ["prompt"]},
+                  {"required": ["prompt_ids"]}]})
 
     # Not nullable: a key that is present must hold content (the schema's oneOf counts keys).
     text: Text = Field(None, description="a user message, rendered with the chat template")  # type: ignore[assignment]
     messages: list[ChatMessage] = Field(None, min_length=1)  # type: ignore[assignment]
     prompt: Text = Field(None, description="raw prompt, no chat template")  # type: ignore[assignment]
+    prompt_ids: list[Annotated[int, Field(ge=0)]] = Field(None, min_length=1, description="the prompt as token ids")  # type: ignore[assignment]
     priority: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
 
     @model_validator(mode="after")
     def _one_content(self) -> QuestionObject:
         present = [key for key in CONTENT_KEYS if key in self.model_fields_set]
         if len(present) != 1:
-            raise ValueError(f"needs exactly one of 'text', 'messages' or 'prompt' (got {present or 'none'})")
+            raise ValueError(f"needs exactly one of 'text', 'messages', 'prompt' or 'prompt_ids' (got {present or 'none'})")
         return self
 
 
@@ -106,11 +134,11 @@ class SubmitBody(_Sampling):
     system: Text | None = Field(None, description="shared system prompt for every chat question")
 
     def engine_queries(self) -> list[Any]:
-        return [q.model_dump(exclude_none=True) if isinstance(q, QuestionObject)
+        return [q.model_dump(exclude_none=True, by_alias=True) if isinstance(q, QuestionObject)
                 else [m.model_dump(exclude_none=True) for m in q] if isinstance(q, list) else q for q in self.queries]
 
     def engine_options(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"queries", "stream"}, exclude_none=True)
+        return self.model_dump(exclude={"queries", "stream"}, exclude_none=True, by_alias=True)
 
 
 class QueryBody(SubmitBody):
@@ -144,6 +172,9 @@ class ResultModel(BaseModel):
     normalized_text: str | None = None
     numerics_fingerprint: str
     isolation_verified: bool | None = None
+    logprobs: list[dict[str, Any]] | None = Field(None, description="per new token {token_id, token, bytes, logprob, "
+                                                  "top_logprobs}, when asked")
+    prompt_logprobs: list[dict[str, Any]] | None = Field(None, description="per prompt token, the first's logprob null")
 
 
 class QueryResponse(BaseModel):

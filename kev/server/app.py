@@ -21,11 +21,13 @@ import kev
 from kev.config import KevConfig
 from kev.batch.server_batches import BatchManager
 from kev.batch.store import BatchStore
-from kev.server import routes_batch, routes_kev, routes_ops, routes_openai
+from kev.errors import KevError
+from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_tokenizer
 from kev.server.backend import build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
+from kev.server.oplog import report_stats
 from kev.server.playground import routes as playground
 from kev.server.service import KevService
 
@@ -34,7 +36,7 @@ EngineFactory = Callable[[KevConfig], Any]  # config -> an Engine (or anything w
 
 
 def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory | None = None,
-              on_load_failed: Callable[[], None] | None = None) -> FastAPI:
+              on_load_failed: Callable[[Exception], None] | None = None) -> FastAPI:
     """api_key overrides config.server.api_key; on_load_failed lets the CLI stop the server if the model cannot load.
 
     engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
@@ -48,7 +50,11 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
                                   name="kev-load", daemon=True)
         loader.start()
         batches.start()  # unfinished batches of an earlier run go on once the model is ready
+        interval = config.server.stats_interval_s
+        stats = asyncio.ensure_future(report_stats(lambda: service.backend, interval)) if interval > 0 else None
         yield
+        if stats is not None:
+            stats.cancel()
         await batches.shutdown()  # first: what they cut short is not written, and the next start resumes it
         await service.shutdown()
 
@@ -57,7 +63,8 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     app.state.service = service
     app.state.batches = batches
     install_handlers(app)
-    for router in (routes_kev.router, routes_openai.router, routes_batch.router, routes_ops.router, playground.router):
+    for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_batch.router, routes_ops.router,
+                   playground.router):
         app.include_router(router)
     _document_served_model(app, service.model_name)
     # An uploaded file may be as large as batch.max_file_bytes; the route checks its exact size.
@@ -82,14 +89,17 @@ def _document_served_model(app: FastAPI, model_name: str) -> None:
 
 
 def _load(service: KevService, factory: EngineFactory | None, loop: asyncio.AbstractEventLoop,
-          on_load_failed: Callable[[], None] | None) -> None:
+          on_load_failed: Callable[[Exception], None] | None) -> None:
     try:
         backend = build_backend(service.config, service.metrics, factory)
     except Exception as err:
-        log.exception("model failed to load")
+        if isinstance(err, KevError):  # a model or config Kev cannot run: one line naming it, no traceback
+            log.error("model failed to load: %s", err)
+        else:
+            log.exception("model failed to load")
         service.load_error = f"{type(err).__name__}: {err}"
         if on_load_failed is not None:
-            loop.call_soon_threadsafe(on_load_failed)
+            loop.call_soon_threadsafe(on_load_failed, err)
         return
     try:
         loop.call_soon_threadsafe(service.attach, backend)

@@ -11,12 +11,15 @@ from typing import Any, Protocol
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
-from kev.engine.stats import EngineStats
+from kev.engine.stats import EngineLoad, EngineStats
+from kev.model.tokenizer import Tokenizer
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
 
 class Backend(Protocol):
+    tokenizer: Tokenizer  # the served model's (the tokenizer routes, token-id prompts)
+
     @property
     def unavailable(self) -> str | None:
         """Why new work is refused right now (HTTP 503), or None."""
@@ -49,6 +52,14 @@ class Backend(Protocol):
 
     async def stats(self) -> EngineStats:
         """Step counters and the most recent steps (a cluster's steps happen on its workers: counters only)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What serves: model, precision, device, pool and KV sizes (or the cluster a router feeds): the banner."""
+        ...
+
+    async def load(self) -> EngineLoad:
+        """Questions running and waiting, KV blocks in use, prefix-cache counters (all engines added up)."""
         ...
 
     async def refresh_metrics(self) -> None: ...

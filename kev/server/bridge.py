@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 from kev.aggregator.result import Result
 from kev.engine.engine import Engine
-from kev.engine.stats import EngineStats
+from kev.engine.stats import EngineLoad, EngineStats
+from kev.model.tokenizer import Tokenizer
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
@@ -32,6 +33,10 @@ class EngineBridge:
     def __init__(self, engine: Engine, metrics: ServerMetrics, max_threads: int) -> None:
         self.engine, self.metrics = engine, metrics
         self.pool = ThreadPoolExecutor(max_threads, thread_name_prefix="kev-http")
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
 
     def start(self) -> None:
         """Nothing to start: the engine's loop already runs."""
@@ -74,9 +79,16 @@ class EngineBridge:
     async def stats(self) -> EngineStats:
         return self.engine.stats
 
+    def describe(self) -> dict[str, Any]:
+        return self.engine.describe()
+
+    async def load(self) -> EngineLoad:
+        return await self.run(self.engine.load)
+
     async def refresh_metrics(self) -> None:
         states, queue_length = await self.channels()
-        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, dict(self.engine.audit.alert_counts))
+        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, dict(self.engine.audit.alert_counts),
+                             await self.load())
 
     def watch(self, request_id: str, num_questions: int, listen: bool) -> Watch:
         loop = asyncio.get_running_loop()

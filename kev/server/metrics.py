@@ -1,20 +1,37 @@
 """Prometheus metrics of one server, in its own registry (no process-wide state).
 
-Results are counted as they finish (by the watcher threads); engine steps are folded in
-from EngineStats.recent when /metrics is scraped, so the step loop never waits on us.
+Per question (histograms, finish reasons): observed once, when its result reaches this server,
+from the result's own fields (queue_ms, ttft_ms, tpot_ms, elapsed_ms, tokens). In distributed
+mode that is the router, after the aggregator has kept one answer per question, so a
+question is counted once whichever worker answered it, and its times count from the
+router's submit. Engine state (questions running / waiting, KV blocks) comes from an
+EngineLoad read when /metrics is scraped: one engine's, the replicas' summed (multi_gpu), or
+the live workers' summed from their heartbeats (distributed); the usage ratio is the sum
+of blocks in use over the sum of blocks. Counts the engines keep (alerts, prefix cache)
+are exported as counters of those totals; a cluster sums the last count of every worker
+it has heard from, so they never go down when a worker leaves. Labels are small, fixed
+sets (status, finish reason, isolation level, alert kind, route); never request ids.
+Engine steps are folded in from EngineStats.recent at scrape time, so the step loop
+never waits on us.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from kev.aggregator.result import Result
-from kev.engine.stats import StepRecord
+from kev.engine.stats import EngineLoad, StepRecord
 from kev.isolation.audit import ISOLATION_ALERTS, OTHER_ALERTS
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 _SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 
 
 ALERT_KINDS = ISOLATION_ALERTS + OTHER_ALERTS
@@ -27,6 +44,8 @@ class ServerMetrics:
         self.http_requests = Counter("kev_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=r)
         self.requests = Counter("kev_requests", "requests submitted to the engine", ["api"], registry=r)
         self.questions = Counter("kev_questions", "questions finished", ["status", "finish_reason"], registry=r)
+        self.finished = Counter("kev_questions_finished", "questions finished, by isolation level and finish reason",
+                                ["isolation", "finish_reason"], registry=r)
         self.channel_questions = Counter("kev_channel_questions", "questions finished per channel (status=rejected: rejects)",
                                          ["channel_id", "status"], registry=r)
         self.bucket_questions = Counter("kev_hash_bucket_questions", "questions finished per router hash bucket",
@@ -35,35 +54,64 @@ class ServerMetrics:
         self.completion_tokens = Counter("kev_completion_tokens", "completion tokens of finished questions", registry=r)
         self.channel_tokens = Counter("kev_channel_completion_tokens", "completion tokens per channel", ["channel_id"], registry=r)
         self.rejects = Counter("kev_rejects", "requests refused for lack of capacity", ["reason"], registry=r)
-        self.isolation_alerts = Gauge("kev_isolation_alerts", "audit alerts raised by the engine since start, by kind",
-                                      ["kind"], registry=r)
         self.question_seconds = Histogram("kev_question_seconds", "a question's time in its channel", buckets=_SECONDS, registry=r)
+        self.ttft = Histogram("kev_time_to_first_token_seconds", "submit to first token of a question, queue included",
+                              buckets=_LATENCY, registry=r)
+        self.e2e = Histogram("kev_e2e_request_latency_seconds", "submit to end of a question, queue included",
+                             buckets=_LATENCY, registry=r)
+        self.tpot = Histogram("kev_time_per_output_token_seconds", "time between two output tokens of a question "
+                              "(each gap after the first token counts once, at its question's mean)", buckets=_PER_TOKEN, registry=r)
+        self.queue_time = Histogram("kev_queue_time_seconds", "submit to start in a channel", buckets=_LATENCY, registry=r)
+        self.question_prompt_tokens = Histogram("kev_question_prompt_tokens", "prompt tokens of one question",
+                                                buckets=_TOKENS, registry=r)
+        self.question_generation_tokens = Histogram("kev_question_generation_tokens", "generated tokens of one question",
+                                                    buckets=_TOKENS, registry=r)
         self.steps = Counter("kev_engine_steps", "engine steps (one forward each)", registry=r)
         self.step_seconds = Histogram("kev_step_seconds", "time of one engine step", buckets=_SECONDS, registry=r)
         self.step_channels = Histogram("kev_step_channels", "channels in one forward (batch size)", buckets=_SIZES, registry=r)
         self.step_tokens = Histogram("kev_step_tokens", "tokens computed in one forward", buckets=_SIZES, registry=r)
         self.queue_length = Gauge("kev_queue_length", "questions waiting for a channel", registry=r)
+        self.running = Gauge("kev_questions_running", "questions in a channel now (prefill or decode)", registry=r)
+        self.waiting = Gauge("kev_questions_waiting", "questions not started yet (channel queues, overflow FIFO, "
+                             "and in distributed mode the work stream)", registry=r)
+        self.kv_usage = Gauge("kev_kv_cache_usage_ratio", "KV blocks in use / KV blocks in the pool (0-1)", registry=r)
+        self.kv_free = Gauge("kev_kv_blocks_free", "KV blocks free", registry=r)
+        self.kv_total = Gauge("kev_kv_blocks_total", "KV blocks in the pool", registry=r)
         self.channels = Gauge("kev_channels", "channels by state", ["state"], registry=r)
         self.inflight = Gauge("kev_inflight_requests", "HTTP requests being answered or streamed", registry=r)
+        self.totals = EngineTotals()
+        r.register(self.totals)
         self._last_step: StepRecord | None = None
 
     def observe_result(self, result: Result) -> None:
         status, channel = result.status, str(result.channel_id) if result.channel_id is not None else "none"
-        self.questions.labels(status, result.finish_reason or "none").inc()
+        reason = result.finish_reason or "none"
+        self.questions.labels(status, reason).inc()
+        self.finished.labels(result.isolation, reason).inc()
         self.channel_questions.labels(channel, status).inc()
         bucket = getattr(result, "hash_bucket", None)
         self.bucket_questions.labels(str(bucket) if bucket is not None else "none", status).inc()
         self.prompt_tokens.inc(result.prompt_tokens)
         self.completion_tokens.inc(result.completion_tokens)
         self.channel_tokens.labels(channel).inc(result.completion_tokens)
+        self.question_prompt_tokens.observe(result.prompt_tokens)
+        self.question_generation_tokens.observe(result.completion_tokens)
         if result.elapsed_ms:
             self.question_seconds.observe(result.elapsed_ms / 1000)
+        self.queue_time.observe(result.queue_ms / 1000)
+        self.e2e.observe((result.queue_ms + result.elapsed_ms) / 1000)
+        if result.ttft_ms is not None:
+            self.ttft.observe(result.ttft_ms / 1000)
+        if result.tpot_ms is not None:  # one observation per gap: rate(sum) / rate(count) is the mean over tokens
+            for _ in range(result.completion_tokens - 1):
+                self.tpot.observe(result.tpot_ms / 1000)
 
     def refresh(self, recent: list[StepRecord], channel_states: list[dict[str, Any]], queue_length: int,
-                alert_counts: dict[str, int]) -> None:
-        """Fold the steps since the last scrape into the histograms; set the gauges."""
-        for kind in ALERT_KINDS:
-            self.isolation_alerts.labels(kind).set(alert_counts.get(kind, 0))
+                alert_counts: dict[str, int], load: EngineLoad | None = None) -> None:
+        """Fold the steps since the last scrape into the histograms; set the gauges and the engine totals."""
+        load = load or EngineLoad()
+        self.totals.alerts = {kind: alert_counts.get(kind, 0) for kind in ALERT_KINDS}
+        self.totals.load = load
         for record in _after(recent, self._last_step):
             self.steps.inc()
             self.step_seconds.observe(record.step_ms / 1000)
@@ -72,6 +120,11 @@ class ServerMetrics:
         if recent:
             self._last_step = recent[-1]
         self.queue_length.set(queue_length)
+        self.running.set(load.num_running)
+        self.waiting.set(load.num_waiting)
+        self.kv_usage.set(load.kv_usage)
+        self.kv_free.set(load.kv_blocks_total - load.kv_blocks_used)
+        self.kv_total.set(load.kv_blocks_total)
         counts = {"idle": 0, "prefill": 0, "decode": 0}
         for state in channel_states:
             counts[state["state"]] = counts.get(state["state"], 0) + 1
@@ -80,6 +133,26 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class EngineTotals(Collector):
+    """Counters whose totals the engines keep (the audit's alerts, the loose prefix cache): exported as they
+    were last read, so the count has one home and a scrape never double-counts."""
+
+    def __init__(self) -> None:
+        self.alerts: dict[str, int] = {kind: 0 for kind in ALERT_KINDS}
+        self.load = EngineLoad()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        alerts = CounterMetricFamily("kev_isolation_alerts", "audit alerts raised by the engines since start, by kind",
+                                     labels=["kind"])
+        for kind, count in self.alerts.items():
+            alerts.add_metric([kind], count)
+        yield alerts
+        yield CounterMetricFamily("kev_prefix_cache_queries", "loose-level prefix cache lookups (a declared public "
+                                  "prefix looked up across requests)", value=self.load.prefix_queries)
+        yield CounterMetricFamily("kev_prefix_cache_hits", "loose-level prefix cache lookups that found the prefix's "
+                                  "K/V already there (no prefill)", value=self.load.prefix_hits)
 
 
 def _after(recent: list[StepRecord], last: StepRecord | None) -> list[StepRecord]:

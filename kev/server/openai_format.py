@@ -1,6 +1,7 @@
 """Kev results and stream events in OpenAI's shapes (responses, stream chunks, usage)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -20,21 +21,59 @@ class Reply:
     created: int
     model: str
     n: int  # choices per prompt; question index = prompt_index * n + choice
+    logprobs: bool = False  # answer with logprobs objects
+    echo: tuple[str, ...] | None = None  # completions with echo: each prompt's text, put before its answer
 
     @property
     def object(self) -> str:
         return "chat.completion" if self.kind == "chat" else "text_completion"
 
-    def response(self, results: list[Result]) -> ChatCompletion | Completion:
+    def response(self, results: list[Result], usage: Usage | None = None) -> ChatCompletion | Completion:
         fingerprint = results[0].numerics_fingerprint if results else None
+        usage = usage or self.usage(results)
         if self.kind == "chat":
-            chat = [ChatChoice(index=r.index, message=ChatMessageOut(content=r.text), finish_reason=finish_reason(r))
+            chat = [ChatChoice(index=r.index, message=ChatMessageOut(content=r.text), finish_reason=finish_reason(r),
+                               logprobs=self._chat_logprobs(r.logprobs or []))
                     for r in results]
             return ChatCompletion(id=self.id, created=self.created, model=self.model, system_fingerprint=fingerprint,
-                                  choices=chat, usage=self.usage(results))
-        text = [CompletionChoice(index=r.index, text=r.text, finish_reason=finish_reason(r)) for r in results]
+                                  choices=chat, usage=usage)
+        text = [CompletionChoice(index=r.index, text=self._prompt_text(r) + r.text, finish_reason=finish_reason(r),
+                                 logprobs=self._text_logprobs(self._scored(r))) for r in results]
         return Completion(id=self.id, created=self.created, model=self.model, system_fingerprint=fingerprint,
-                          choices=text, usage=self.usage(results))
+                          choices=text, usage=usage)
+
+    def _prompt_text(self, result: Result) -> str:
+        return self.echo[result.index // self.n] if self.echo is not None else ""
+
+    def _scored(self, result: Result) -> list[dict[str, Any]]:
+        """The tokens whose logprobs the choice shows: the prompt's first when echoing, then the answer's."""
+        return ((result.prompt_logprobs or []) if self.echo is not None else []) + (result.logprobs or [])
+
+    def _chat_logprobs(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        public = lambda e: {"token": e["token"], "logprob": e["logprob"], "bytes": e["bytes"]}  # noqa: E731
+        return {"content": [{**public(e), "top_logprobs": [public(t) for t in e["top_logprobs"]]} for e in entries],
+                "refusal": None}
+
+    def _text_logprobs(self, entries: list[dict[str, Any]], offset: int = 0) -> dict[str, Any] | None:
+        """OpenAI's legacy shape; top_logprobs maps token text to logprob, the chosen token included (as vLLM)."""
+        if not self.logprobs:
+            return None
+        tokens, offsets = [e["token"] for e in entries], []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        tops: list[dict[str, float] | None] = []
+        for e in entries:
+            if e["logprob"] is None:
+                tops.append(None)
+                continue
+            top = {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+            top.setdefault(e["token"], e["logprob"])
+            tops.append(top)
+        return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries], "top_logprobs": tops,
+                "text_offset": offsets}
 
     def usage(self, results: list[Result]) -> Usage:
         # n choices of one prompt read that prompt once, as OpenAI counts it.
@@ -62,11 +101,25 @@ class Reply:
             choice = {"index": event.index, "delta": {}, "finish_reason": reason} if self.kind == "chat" else \
                 {"index": event.index, "text": "", "finish_reason": reason, "logprobs": None}
             return self.chunk([choice])
-        if not event.text:
+        if not event.text and not (self.logprobs and event.logprobs):
             return None
-        choice = {"index": event.index, "delta": {"content": event.text}, "finish_reason": None} if self.kind == "chat" \
-            else {"index": event.index, "text": event.text, "finish_reason": None, "logprobs": None}
+        if self.kind == "chat":
+            choice = {"index": event.index, "delta": {"content": event.text}, "finish_reason": None,
+                      "logprobs": self._chat_logprobs(event.logprobs)}
+        else:
+            choice = {"index": event.index, "text": event.text, "finish_reason": None,
+                      "logprobs": self._text_logprobs(event.logprobs)}
         return self.chunk([choice])
+
+
+def best_of(results: list[Result], candidates: int, keep: int) -> list[Result]:
+    """OpenAI's best_of: per prompt, the `keep` candidates with the highest total logprob, re-indexed 0..keep-1."""
+    chosen: list[Result] = []
+    for prompt in sorted({r.index // candidates for r in results}):
+        group = sorted((r for r in results if r.index // candidates == prompt),
+                       key=lambda r: (-sum(e["logprob"] for e in r.logprobs or []), r.index))
+        chosen += [dataclasses.replace(r, index=prompt * keep + rank) for rank, r in enumerate(group[:keep])]
+    return chosen
 
 
 def finish_reason(result: Result) -> Literal["stop", "length"]:

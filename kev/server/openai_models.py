@@ -1,7 +1,8 @@
 """OpenAI-compatible bodies (/v1/chat/completions, /v1/completions, /v1/models).
 
 Unknown parameters are ignored, as OpenAI-compatible servers do; parameters Kev cannot
-honour (logprobs, echo, suffix) are refused by name rather than silently dropped.
+honour (tools, repetition_penalty, suffix, …) are refused by name rather than
+silently dropped (UNSUPPORTED).
 """
 from __future__ import annotations
 
@@ -9,8 +10,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kev.server.api_models import MAX_SEED, Stop, Temperature, Text
+from kev.server.api_models import MAX_SEED, Stop, StructuredOutputs, Temperature, Text
+from kev.server.errors import ApiError
 
+MAX_LOGPROBS = 20
+TokenId = Annotated[int, Field(ge=0)]
+# Accepted with their no-op value (what clients send by default); anything else is refused by name.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+    "parallel_tool_calls": (None, False, True), "repetition_penalty": (None, 1, 1.0), "suffix": (None, ""),
+    "min_tokens": (None, 0), "min_p": (None, 0, 0.0), "audio": (None,), "modalities": (None, ["text"]),
+    "prediction": (None,), "guided_whitespace_pattern": (None,), "guided_decoding_backend": (None,),
+}
 
 class _OpenAIBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
@@ -35,7 +46,21 @@ class StreamOptions(_OpenAIBody):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_OpenAIBody):
+    name: Text
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: Text | None = None
+
+
+class ResponseFormat(_OpenAIBody):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _Sampling(_OpenAIBody):
+    model_config = ConfigDict(extra="allow", strict=True)  # kept only to refuse the UNSUPPORTED ones by name
+
     model: Text
     max_tokens: int | None = Field(None, ge=1)
     temperature: Temperature = Field(None, description="OpenAI's default is 1; 0 is greedy")
@@ -50,11 +75,70 @@ class _Sampling(_OpenAIBody):
     top_k: int | None = Field(None, ge=0)
     isolation: Literal["strict", "shared", "loose"] | None = None
     timeout_ms: int | None = Field(None, ge=1)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="token id -> bias added to its logit, in this choice's channel only")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    best_of: int | None = Field(None, ge=1, le=128, description="candidates per prompt (each its own channel); "
+                                "the n with the highest total logprob are answered")
+    # Structured output, per choice (each choice is its own channel with its own grammar state)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: one of json, json_object, regex, choice, grammar")
+    guided_json: dict[str, Any] | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: Annotated[list[Text], Field(min_length=1)] | None = None
+    guided_grammar: Text | None = None
+
+    def check_supported(self) -> None:
+        extra = self.model_extra or {}
+        for name, allowed in UNSUPPORTED.items():
+            if name in extra and extra[name] not in allowed:
+                raise ApiError(422, f"{name}: not supported by Kev (refused rather than ignored)", name)
+        if self.best_of is not None and self.best_of < self.n:
+            raise ApiError(422, f"best_of: must be at least n ({self.n}), got {self.best_of}", "best_of")
+        if self.num_candidates > self.n and self.stream:
+            raise ApiError(422, "best_of: not supported together with stream (as OpenAI)", "best_of")
+
+    @property
+    def num_candidates(self) -> int:
+        """Channels per prompt: best_of candidates, of which the n most likely are answered."""
+        return self.best_of or self.n
+
+    def structure(self) -> tuple[str | None, dict[str, Any] | None]:
+        """(the body field that set it, the engine's structured_outputs), at most one source."""
+        sources = {name: value for name, value in (
+            ("response_format", self._response_format()), ("structured_outputs", self._structured_outputs()),
+            ("guided_json", None if self.guided_json is None else {"json": self.guided_json}),
+            ("guided_regex", None if self.guided_regex is None else {"regex": self.guided_regex}),
+            ("guided_choice", None if self.guided_choice is None else {"choice": self.guided_choice}),
+            ("guided_grammar", None if self.guided_grammar is None else {"grammar": self.guided_grammar}),
+        ) if value is not None}
+        if len(sources) > 1:
+            names = sorted(sources)
+            raise ApiError(422, f"{names[0]}: only one structured-output field per request (got {', '.join(names)})",
+                           names[0])
+        return next(iter(sources.items()), (None, None))
+
+    def _response_format(self) -> dict[str, Any] | None:
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return {"json_object": True}
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise ApiError(400, "response_format.json_schema.schema: is required for type json_schema",
+                           "response_format.json_schema.schema")
+        return {"json": fmt.json_schema.schema_}
+
+    def _structured_outputs(self) -> dict[str, Any] | None:
+        return None if self.structured_outputs is None else self.structured_outputs.engine()
 
     def engine_options(self, max_tokens: int | None) -> dict[str, Any]:
+        _, structured = self.structure()
         options = {"max_tokens": max_tokens, "temperature": 1.0 if self.temperature is None else self.temperature,
                    "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop, "isolation": self.isolation,
-                   "timeout_ms": self.timeout_ms}
+                   "timeout_ms": self.timeout_ms, "structured_outputs": structured, "logit_bias": self.logit_bias or None,
+                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
         return {key: value for key, value in options.items() if value is not None}
 
     def choice_seed(self, choice: int) -> int | None:
@@ -69,19 +153,43 @@ class _Sampling(_OpenAIBody):
 class ChatCompletionBody(_Sampling):
     messages: list[OpenAIMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: Literal[False] | None = Field(None, description="not supported")
+    logprobs: bool | None = Field(None, description="each token's logprob (the model's, before temperature/top-p)")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def logprob_options(self) -> dict[str, Any]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(422, "top_logprobs: needs logprobs: true", "top_logprobs")
+        return {"logprobs": self.top_logprobs or 0} if self.logprobs else {}
 
 
 class CompletionBody(_Sampling):
-    prompt: Text | Annotated[list[Text], Field(min_length=1)]
-    max_tokens: int | None = Field(None, ge=1, description="default 16 (OpenAI's), within the server's cap")
-    echo: Literal[False] | None = Field(None, description="not supported")
-    logprobs: None = Field(None, description="not supported")
-    suffix: None = Field(None, description="not supported")
+    # A string, a list of strings, a list of token ids, or a list of lists of token ids (OpenAI's schema).
+    prompt: Text | Annotated[list[TokenId], Field(min_length=1)] | Annotated[list[Text], Field(min_length=1)] \
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=0, description="default 16 (OpenAI's), within the server's cap; 0 with echo scores only")
+    echo: bool = Field(False, description="the prompt comes first in text (and in logprobs, its first token null)")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="alternatives per token")
 
     @property
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: its text or its token ids."""
+        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
+            return [self.prompt]  # type: ignore[list-item]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+    @property
+    def is_single(self) -> bool:
+        return isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+
+    def logprob_options(self, max_tokens: int) -> dict[str, Any]:
+        if max_tokens == 0 and not self.echo:
+            raise ApiError(422, "max_tokens: 0 is only allowed with echo: true (scoring the prompt)", "max_tokens")
+        if self.echo and self.stream:
+            raise ApiError(422, "echo: not supported together with stream", "echo")
+        options: dict[str, Any] = {} if self.logprobs is None else {"logprobs": self.logprobs}
+        if self.echo and (self.logprobs is not None or max_tokens == 0):
+            options["prompt_logprobs"] = True
+        return options
 
 
 class Usage(BaseModel):
@@ -102,7 +210,7 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatMessageOut
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = Field(None, description="{content: [{token, logprob, bytes, top_logprobs}]}")
 
 
 class ChatCompletion(BaseModel):
@@ -119,7 +227,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = Field(None, description="{tokens, token_logprobs, top_logprobs, text_offset}")
 
 
 class Completion(BaseModel):

@@ -49,8 +49,9 @@ async def _events(service: KevService, tracked: Tracked) -> AsyncIterator[str]:
             if event.result is not None:
                 yield sse(event.result.to_dict(), "result")
             elif event.text or event.token_ids:
-                yield sse({"request_id": request_id, "index": event.index, "channel_id": event.channel_id,
-                           "text": event.text, "token_ids": event.token_ids}, "delta")
+                delta = {"request_id": request_id, "index": event.index, "channel_id": event.channel_id,
+                         "text": event.text, "token_ids": event.token_ids}
+                yield sse({**delta, "logprobs": event.logprobs} if event.logprobs else delta, "delta")
         yield sse({"request_id": request_id, "num_results": tracked.watch.num_questions}, "done")
     finally:  # also when the client disconnects: its questions are cancelled and their channels freed
         service.release(request_id)

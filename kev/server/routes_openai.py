@@ -1,6 +1,7 @@
 """OpenAI-compatible routes. Every prompt x n choice is its own channel, all in the same engine run."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kev.aggregator.result import Result
 from kev.server.errors import ApiError, error_body, error_responses
-from kev.server.openai_format import Reply
+from kev.server.openai_format import Reply, best_of
 from kev.server.openai_models import ChatCompletion, ChatCompletionBody, Completion, CompletionBody, ModelCard, ModelList
 from kev.server.registry import Tracked
 from kev.server.routes_kev import get_service
@@ -22,6 +23,7 @@ router = APIRouter(tags=["openai"])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
+_TOKEN_INDEX = re.compile(r"^queries\[\d+\]\.prompt_ids\[(\d+)\]: ")
 
 
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(401), summary="The one model served")
@@ -33,13 +35,15 @@ async def models(service: KevService = Depends(get_service)) -> ModelList:
              summary="OpenAI chat completions; n choices run as n channels")
 async def chat_completions(body: ChatCompletionBody, request: Request,
                            service: KevService = Depends(get_service)) -> Response:
-    _check_common(service, body.model, body.n, body.max_completion_tokens or body.max_tokens, body.timeout_ms)
+    _check_common(service, body.model, body.num_candidates, body.max_completion_tokens or body.max_tokens, body.timeout_ms)
+    body.check_supported()
     messages = [m.to_engine() for m in body.messages]
     service.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
-    queries = [{"messages": messages, **_seed(body.choice_seed(j))} for j in range(body.n)]
-    reply = Reply("chat", "", int(time.time()), service.model_name, body.n)
-    options = body.engine_options(body.max_completion_tokens or body.max_tokens)
-    return await _answer(service, request, reply, queries, options, body.stream, body.include_usage, "chat")
+    queries = [{"messages": messages, **_seed(body.choice_seed(j))} for j in range(body.num_candidates)]
+    reply = Reply("chat", "", int(time.time()), service.model_name, body.num_candidates, logprobs=bool(body.logprobs))
+    options = {**body.engine_options(body.max_completion_tokens or body.max_tokens), **body.logprob_options()}
+    return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
+                         body.include_usage, "chat", body.structure()[0], keep=body.n)
 
 
 @router.post("/v1/completions", response_model=Completion, responses={**SSE_RESPONSE, **_ERRORS},
@@ -47,13 +51,23 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
 async def completions(body: CompletionBody, request: Request, service: KevService = Depends(get_service)) -> Response:
     prompts = body.prompts
     max_tokens = body.max_tokens if body.max_tokens is not None else min(COMPLETION_MAX_TOKENS, service.limits.max_tokens_cap)
-    _check_common(service, body.model, len(prompts) * body.n, max_tokens, body.timeout_ms)
+    _check_common(service, body.model, len(prompts) * body.num_candidates, max_tokens, body.timeout_ms)
+    body.check_supported()
     for i, prompt in enumerate(prompts):
-        service.limits.check_chars(len(prompt), f"prompt[{i}]" if isinstance(body.prompt, list) else "prompt")
-    queries = [{"prompt": p, **_seed(body.choice_seed(j))} for p in prompts for j in range(body.n)]
-    reply = Reply("text", "", int(time.time()), service.model_name, body.n)
-    return await _answer(service, request, reply, queries, body.engine_options(max_tokens), body.stream,
-                         body.include_usage, "completion")
+        service.limits.check_chars(len(prompt), "prompt" if body.is_single else f"prompt[{i}]")
+    queries = [{"prompt" if isinstance(p, str) else "prompt_ids": p, **_seed(body.choice_seed(j))}
+               for p in prompts for j in range(body.num_candidates)]
+    options = {**body.engine_options(max_tokens), **body.logprob_options(max_tokens)}
+    echo = tuple(p if isinstance(p, str) else service.tokenizer().decode(p, skip_special_tokens=False)
+                 for p in prompts) if body.echo else None
+    reply = Reply("text", "", int(time.time()), service.model_name, body.num_candidates, body.logprobs is not None, echo)
+    return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
+                         body.include_usage, "completion", body.structure()[0], body.is_single, keep=body.n)
+
+
+def _ranked(options: dict[str, Any], candidates: int, keep: int) -> dict[str, Any]:
+    """best_of > n ranks candidates by total logprob, so every candidate records its tokens' logprobs."""
+    return {"logprobs": 0, **options} if candidates > keep else options
 
 
 def _check_common(service: KevService, model: str, num_questions: int, max_tokens: int | None, timeout_ms: int | None) -> None:
@@ -69,12 +83,13 @@ def _seed(seed: int | None) -> dict[str, int]:
 
 
 async def _answer(service: KevService, request: Request, reply: Reply, queries: list[Any], options: dict[str, Any],
-                  stream: bool, include_usage: bool, api: str) -> Response:
+                  stream: bool, include_usage: bool, api: str, structure_field: str | None = None,
+                  single_prompt: bool = False, keep: int | None = None) -> Response:
     tracked = await service.submit(queries, options, api, listen=stream)
     prefix = "chatcmpl-" if reply.kind == "chat" else "cmpl-"
-    reply = Reply(reply.kind, prefix + tracked.request_id, reply.created, reply.model, reply.n)
+    reply = dataclasses.replace(reply, id=prefix + tracked.request_id)
     try:
-        _refuse_bad_prompts(await service.results(tracked.request_id), reply)
+        _refuse_bad_prompts(await service.results(tracked.request_id), reply, structure_field, single_prompt)
     except ApiError:
         service.release(tracked.request_id)
         raise
@@ -90,16 +105,27 @@ async def _answer(service: KevService, request: Request, reply: Reply, queries: 
     failed = next((r for r in results if r.status == "error"), None)
     if failed is not None:
         raise ApiError(500, f"the engine failed: {failed.error}", None, "server_error")
-    return JSONResponse(reply.response(results).model_dump())
+    usage = reply.usage(results)  # every candidate's tokens count, as OpenAI bills best_of
+    if keep is not None and keep < reply.n:
+        results, reply = best_of(results, reply.n, keep), dataclasses.replace(reply, n=keep)
+    return JSONResponse(reply.response(results, usage).model_dump())
 
 
-def _refuse_bad_prompts(results: list[Result], reply: Reply) -> None:
-    """A prompt the engine refused at submit (e.g. longer than core.max_context) fails the whole call, as with OpenAI."""
+def _refuse_bad_prompts(results: list[Result], reply: Reply, structure_field: str | None, single_prompt: bool) -> None:
+    """A prompt the engine refused at submit (e.g. longer than core.max_context, a token id outside the
+    vocabulary, a schema that does not compile) fails the whole call, as with OpenAI; the error names the body's field."""
     failed = next((r for r in results if r.status == "error"), None)
     if failed is None:
         return
-    field = "messages" if reply.kind == "chat" else f"prompt[{failed.index // reply.n}]"
-    message = _QUESTION_PREFIX.sub("", failed.error or "invalid")
+    error = failed.error or "invalid"
+    field = "messages" if reply.kind == "chat" else "prompt" if single_prompt else f"prompt[{failed.index // reply.n}]"
+    if structure_field is not None and ".structured_outputs" in error.split(":", 1)[0]:
+        field = structure_field
+    elif ".logit_bias" in error.split(":", 1)[0]:
+        field = "logit_bias"
+    elif (token := _TOKEN_INDEX.match(error)) is not None and reply.kind == "text":
+        field += f"[{token.group(1)}]"  # the position of the id outside the vocabulary
+    message = _QUESTION_PREFIX.sub("", error)
     raise ApiError(400, f"{field}: {message}", field)
 
 

@@ -25,5 +25,7 @@ class ServerConfig(BaseModel):
     max_inflight_requests: int = Field(256, ge=1)
     retry_after_s: int = Field(1, ge=1)  # the Retry-After a 429/503 suggests
     shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: in-flight requests may finish this long, then are cancelled
+    access_log: bool = True  # one INFO line per request (id, questions, statuses, latency) on logger kev.access
+    stats_interval_s: float = Field(10.0, ge=0)  # a throughput / queue / KV usage line this often while busy; 0: never
     result_ttl_s: float = Field(600.0, gt=0)  # how long results of an async request stay readable after it finished
     max_retained_results: int = Field(1024, ge=1)  # finished async requests kept at most (oldest forgotten first)

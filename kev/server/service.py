@@ -16,10 +16,12 @@ from starlette.requests import Request as HttpRequest
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError
+from kev.model.tokenizer import Tokenizer
 from kev.server.backend import Backend
 from kev.server.errors import ApiError
 from kev.server.limits import Limits
 from kev.server.metrics import ServerMetrics
+from kev.server.oplog import log_access, log_banner
 from kev.server.registry import RequestRegistry, Tracked
 
 log = logging.getLogger("kev.server")
@@ -40,8 +42,10 @@ class KevService:
 
     # --- life ----------------------------------------------------------------
     def attach(self, backend: Backend) -> None:
+        """On the event loop, once the backend is loaded: start it, log the banner."""
         self.backend = backend
         backend.start()
+        log_banner(backend)
 
     @property
     def is_ready(self) -> bool:
@@ -78,6 +82,7 @@ class KevService:
             raise ApiError(429, f"server busy: {self.registry.num_inflight} requests in flight; the limit is "
                                 f"server.max_inflight_requests={self.registry.max_inflight}", None, headers=self.retry_after)
         options = {"max_tokens": self.limits.default_max_tokens, **options}
+        started = time.monotonic()
         try:
             request_id = await backend.submit(queries, options)
         except UnavailableError as err:
@@ -95,6 +100,8 @@ class KevService:
         finally:
             self.registry.unreserve()
         tracked = Tracked(request_id, backend.watch(request_id, len(queries), listen), retained)
+        if self.config.server.access_log:  # set before the loop runs again, so before the watch can finish
+            tracked.watch.on_finish = lambda watch: log_access(request_id, api, watch.statuses, started, tracked.cancelled)
         self.registry.add(tracked)
         self.metrics.requests.labels(api).inc()
         return tracked
@@ -109,6 +116,10 @@ class KevService:
             finished.cancel()
             gone.cancel()
         return tracked.is_done
+
+    def tokenizer(self) -> Tokenizer:
+        """The served model's tokenizer (503 while loading)."""
+        return self.ready_backend().tokenizer
 
     async def results(self, request_id: str) -> list[Result]:
         return await self.ready_backend().results(request_id)

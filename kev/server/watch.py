@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from kev.engine.request import StreamEvent
@@ -21,9 +22,13 @@ class Watch:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     events: asyncio.Queue[StreamEvent | None] | None = None  # only when a caller streams
     finished_at: float | None = None  # time.monotonic() when the last question finished
+    statuses: Counter[str] = field(default_factory=Counter)  # results by status (the access log)
+    on_finish: Callable[[Watch], None] | None = None  # on the loop, once the last question finished
 
     def post(self, event: StreamEvent | None) -> None:
-        """Hand an event (None = the end) to the loop; safe from any thread."""
+        """Hand an event (None = the end) to the loop; safe from any thread. Every event is posted, streamed or not."""
+        if event is not None and event.result is not None:
+            self.statuses[event.result.status] += 1
         try:
             if self.events is not None:
                 self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -35,6 +40,8 @@ class Watch:
     def _finish(self) -> None:
         self.finished_at = time.monotonic()
         self.done.set()
+        if self.on_finish is not None:
+            self.on_finish(self)
 
     async def stream(self) -> AsyncIterator[StreamEvent]:
         assert self.events is not None, "watch(listen=True) to stream"

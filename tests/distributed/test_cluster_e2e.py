@@ -11,6 +11,8 @@ import httpx
 import nats
 import pytest
 
+import kev
+from kev.isolation.memory_plan import kv_pool_blocks
 from tests.distributed.cluster_harness import Cluster
 from harness import metric, read_sse
 
@@ -20,7 +22,7 @@ QUESTIONS = [f"Question {i}: what is {i} plus {i + 1}?" for i in range(12)] + [
     "What is the capital of France?", "Say hi.", "Name a colour.", "Name a fruit.", "什么是KV Cache?", "写一句诗",
     [{"role": "user", "content": "Count to three."}], {"prompt": "The sky is", "max_tokens": 5},
     {"text": "Explain batching in one line.", "priority": 3}, "Hello!", "What day is it?", "2+2=?"]
-VOLATILE = {"request_id", "channel_id", "elapsed_ms", "started_at", "finished_at", "queue_ms", "worker", "rerouted"}
+VOLATILE = {"request_id", "channel_id", "elapsed_ms", "started_at", "finished_at", "queue_ms", "ttft_ms", "tpot_ms", "worker", "rerouted"}
 LONG = {"prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 200}
 
 
@@ -115,6 +117,16 @@ def test_openai_chat_equals_single_mode(client: httpx.Client, single: httpx.Clie
     assert got["usage"] == want["usage"] and got["system_fingerprint"] == want["system_fingerprint"]
 
 
+def test_scoring_and_structure_equal_single_mode(client: httpx.Client, single: httpx.Client) -> None:
+    """Logprobs, prompt logprobs and per-question constraints travel to the workers and back unchanged."""
+    body = {"queries": [{"prompt": "The capital of France is", "prompt_logprobs": True, "max_tokens": 0},
+                        {"text": "Is ice cold?", "structured_outputs": {"choice": ["yes", "no"]}}, "Hi"],
+            "max_tokens": 4, "logprobs": 2}
+    got, want = client.post("/v1/query", json=body).json()["results"], single.post("/v1/query", json=body).json()["results"]
+    assert want[0]["prompt_logprobs"] and want[1]["text"] in ("yes", "no") and len(want[2]["logprobs"]) == 4
+    same_as_single(got, want)
+
+
 def test_bad_input_answers_as_single_mode(client: httpx.Client, single: httpx.Client) -> None:
     bad_option = {"queries": ["hi"], "isolation": "loose"}
     assert client.post("/v1/query", json=bad_option).json() == single.post("/v1/query", json=bad_option).json()
@@ -154,6 +166,14 @@ def test_channels_and_metrics_show_the_cluster(client: httpx.Client) -> None:
     for name in ("kev_partition_waiting", "kev_partition_running", "kev_overflow_waiting", "kev_queue_length"):
         assert f"# TYPE {name} gauge" in text
     assert metric(text, "kev_questions_total", status="ok") > 0
+    # per question: observed once at the router, whichever worker answered (so every question has one e2e sample)
+    assert metric(text, "kev_e2e_request_latency_seconds_count") == metric(text, "kev_questions_total")
+    assert 0 < metric(text, "kev_time_to_first_token_seconds_count") <= metric(text, "kev_questions_total")
+    # engine state: the live workers' heartbeats added up (two workers, one config)
+    core, router = kev.load_config({}).core, kev.load_config({}).router
+    pool = kv_pool_blocks("split", core.max_context, core.block_size, router.max_parallel_queries,
+                          router.channel_pool_size, core.kv_cache_tokens)
+    assert wait_until(lambda: metric(client.get("/metrics").text, "kev_kv_blocks_total") == 2 * pool)
 
 
 def test_malformed_work_goes_to_dead_letters_and_the_worker_survives(cluster: Cluster, client: httpx.Client,

@@ -17,6 +17,7 @@ from harness import ServerProcess
 QUESTIONS = ["What is the capital of France?", "Say hi.", "Name a colour.", "写一句诗", "Count to three.",
              {"prompt": "The sky is"}, [{"role": "user", "content": "2+2?"}], "Name a fruit."]
 CONFIG = {"deploy": {"mode": "multi_gpu", "devices": ["cpu", "cpu"]}, "aggregator": {"timeout_ms": 600_000},
+          "core": {"precision": "fp32"},  # as the shared fp32 engine it is compared with
           "router": {"strategy": "consistent_hash", "channel_pool_size": 8, "max_parallel_queries": 4}}
 
 
@@ -35,6 +36,11 @@ def test_replicas_answer_as_one_engine(replicas: ReplicaEngine, make_engine: Cal
     assert [r.token_ids for r in results] == [r.token_ids for r in expected]
     assert [r.text for r in results] == [r.text for r in expected]
     assert {r.worker for r in results} == {"replica0:cpu", "replica1:cpu"}, "both replicas took questions"
+    # /metrics and the banner: the replicas added up
+    one = replicas.replicas[0]
+    assert replicas.load().kv_blocks_total == 2 * one.load().kv_blocks_total and replicas.load().num_running == 0
+    info = replicas.describe()
+    assert info["replicas"] == 2 and info["kv_tokens"] == 2 * one.describe()["kv_tokens"] and info["device"] == "cpu,cpu"
 
 
 def test_streams_merge_and_cancel_is_immediate(replicas: ReplicaEngine) -> None:

@@ -4,16 +4,21 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
+from dataclasses import asdict
 
 import pytest
 
 import kev
 from kev.aggregator.result import Result
-from kev.distributed.messages import DeltaMessage, MalformedMessage, WorkItem, decode
+from kev.distributed.directory import WorkerDirectory
+from kev.distributed.messages import DeltaMessage, MalformedMessage, WorkerStatus, WorkItem, decode
 from kev.distributed.placement import PartitionPlacer
 from kev.distributed.relay import StreamPosition
 from kev.distributed.router_requests import OpenRequest
 from kev.distributed.subjects import Topology
+from kev.distributed.worker_job import Job
+from kev.engine.stats import EngineLoad
 from kev.router.features import QuestionFeatures
 from kev.server.watch import Watch
 
@@ -112,6 +117,41 @@ def test_the_routers_request_keeps_one_answer_per_question_and_closes_streams() 
         assert watch.done.is_set() or (await asyncio.sleep(0)) is None
 
     asyncio.run(scenario())
+
+
+def test_watch_counts_statuses_for_the_access_line_streamed_or_not() -> None:
+    async def scenario() -> None:
+        request = OpenRequest("r2", 2, "slot_map", "strict", {0, 1})
+        finished: list[Watch] = []
+        watch = Watch("r2", 2, asyncio.get_running_loop(), on_finish=finished.append)  # nobody streams
+        request.attach(watch)
+        request.add_result(result(0), seq=1)
+        request.add_result(Result("r2", 1, status="timeout", finish_reason="timeout"), seq=2)
+        await asyncio.wait_for(watch.done.wait(), 5)
+        assert finished == [watch] and dict(watch.statuses) == {"ok": 1, "timeout": 1}
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_answer_counts_its_waits_from_the_routers_submit() -> None:
+    item = WorkItem(request_id="r3", index=0, question="q", reply="router", submitted_at=100.0, expires_at=999.0)
+    engine_result = Result("engine-rid", 0, status="ok", started_at=102.5, queue_ms=500.0, ttft_ms=800.0, tpot_ms=40.0)
+    answer = Job(item, None, "w0").answer(engine_result).result  # type: ignore[arg-type]
+    assert (answer["queue_ms"], answer["ttft_ms"], answer["tpot_ms"]) == (2500.0, 2800.0, 40.0), "the stream wait included"
+
+
+def test_cluster_counters_keep_a_gone_workers_count_and_gauges_drop_it() -> None:
+    directory = WorkerDirectory(heartbeat_s=0.01)
+    for worker, used in (("w0", 3), ("w1", 5)):
+        directory.on_status(WorkerStatus(worker=worker, partition=0, capacity=8, inflight=0, at=0.0,
+                                         alerts={"shadow_mismatch": 1},
+                                         load=asdict(EngineLoad(1, 0, used, 100, 10, 4))).encode())
+    load = directory.load()
+    assert (load.kv_blocks_used, load.kv_blocks_total, load.num_running, load.prefix_hits) == (8, 200, 2, 8)
+    time.sleep(0.1)  # both heartbeats are now older than LIVE_PERIODS x heartbeat_s: the workers are gone
+    load = directory.load()
+    assert (load.kv_blocks_total, load.num_running, load.prefix_queries, load.prefix_hits) == (0, 0, 20, 8)
+    assert directory.totals()[1] == {"shadow_mismatch": 2}, "a counter never goes down when a worker leaves"
 
 
 def test_names_follow_the_prefix() -> None:

@@ -99,6 +99,19 @@ def test_every_result_carries_the_audit_fields_and_the_audit_log_has_them(engine
     assert all(set(AUDIT_FIELDS) <= set(rec) and "text" not in rec for rec in logged)
 
 
+def test_token_times_and_load_for_metrics(engine):
+    results = engine.generate(["What is 2+2?", {"prompt": "1, 2, 3,", "max_tokens": 4, "ignore_eos": True}],
+                              max_tokens=4, timeout=60)
+    for r in results:
+        assert r.ttft_ms is not None and r.queue_ms <= r.ttft_ms <= r.queue_ms + r.elapsed_ms
+        assert (r.tpot_ms is not None) == (r.completion_tokens >= 2)
+        if r.tpot_ms is not None:  # the gaps after the first token fit in the time after it
+            assert r.tpot_ms * (r.completion_tokens - 1) <= r.queue_ms + r.elapsed_ms - r.ttft_ms + 1e-3
+    load = engine.load()
+    assert (load.num_running, load.num_waiting, load.kv_blocks_used) == (0, 0, 0), "idle: nothing held"
+    assert load.kv_blocks_total == engine.parts.blocks.num_blocks and load.prefix_queries == 0
+
+
 def test_budget_caps_are_errors_not_clipping(engine):
     with pytest.raises(kev.InvalidRequestError, match="router.max_tokens_cap"):
         engine.submit(["Hi"], max_tokens=10**6)

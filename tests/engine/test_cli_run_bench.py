@@ -1,10 +1,12 @@
 """`kev run --json` and `kev bench --json`: the output contracts a user scripts against."""
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 
+import kev
 from kev.cli.main import main
 
 RESULT_FIELDS = {"text", "token_ids", "tokens", "prompt_tokens", "completion_tokens", "channel_id", "index",
@@ -21,6 +23,29 @@ def test_kev_run_json_prints_one_result_per_question(capsys):
         assert r["status"] == "ok" and 1 <= r["completion_tokens"] <= 4
         assert r["tokens"] == r["prompt_tokens"] + r["completion_tokens"]
         assert isinstance(r["channel_id"], int)
+
+
+def test_kev_run_reads_questions_from_a_file_and_stdin(capsys, monkeypatch, tmp_path):
+    (tmp_path / "questions.txt").write_text("What is 2+2?\n\n  Hi  \n", encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", io.StringIO("Name a colour.\n"))
+    code = main(["run", "--max-tokens", "2", "--json", "first", "-", "--file", str(tmp_path / "questions.txt")])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert code == 0
+    assert [r["original_text"] for r in lines] == ["first", "Name a colour.", "What is 2+2?", "Hi"], "- is stdin, not a question"
+
+
+def test_kev_run_timeout_cancels_what_is_unfinished(capsys):
+    assert main(["run", "--timeout", "0", "--json", "Hi"]) == 1
+    [line] = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert (line["status"], line["finish_reason"]) == ("cancelled", "cancelled")
+
+
+def test_kev_run_without_questions_and_kev_version(capsys):
+    assert main(["run", "--file", "/nonexistent/questions.txt"]) == 2
+    assert "--file /nonexistent/questions.txt: No such file or directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith(f"kev {kev.__version__} ")
 
 
 @pytest.mark.slow

@@ -71,6 +71,8 @@ def test_loose_reuses_public_prefix_across_requests(make_engine):
     first = engine.stats.num_prefix_tokens_computed
     engine.generate(QUESTIONS[2:], max_tokens=2, timeout=300)
     assert first > 0 and engine.stats.num_prefix_tokens_computed == first, "a repeated public prefix costs no prefill"
+    load = engine.load()  # /metrics' kev_prefix_cache_*: one lookup a question, only the first computes
+    assert (load.prefix_queries, load.prefix_hits) == (4, 3)
 
 
 def test_strict_and_shared_never_reuse_across_requests(make_engine):
@@ -80,6 +82,7 @@ def test_strict_and_shared_never_reuse_across_requests(make_engine):
     engine.generate(QUESTIONS[2:], max_tokens=2, timeout=300)
     assert engine.stats.num_prefix_tokens_computed == 2 * first
     assert engine.parts.blocks.num_used_blocks == 0
+    assert engine.load().prefix_queries == 0, "the prefix cache counters count loose lookups only"
 
 
 def test_request_may_be_stricter_never_looser(make_engine):

@@ -24,8 +24,13 @@ def engine(make_engine):
 
 
 def test_strict_mixes_equal_solo(engine):
-    report = run_verify(engine, VerifyOptions(QUESTIONS, trials=2, max_tokens=4, seed=1))
+    progress = []
+    report = run_verify(engine, VerifyOptions(QUESTIONS, trials=2, max_tokens=4, seed=1),
+                        lambda label, done, total: progress.append((label, done, total)))
     assert report.ok, report.to_dict()
+    # kev verify's progress bar: one tick before each solo reference (questions + canary) and each mix
+    assert [done for _, done, _ in progress] == list(range(len(QUESTIONS) + 1 + 2))
+    assert {total for _, _, total in progress} == {len(QUESTIONS) + 1 + 2} and progress[-1][0] == "packed mix 2/2"
     assert report.identical == report.comparisons == 2 * len(QUESTIONS)
     assert report.max_abs_logit_diff == 0.0 and not report.leaks
     assert report.canary_check.identical == 1

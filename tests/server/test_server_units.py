@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 import kev
 from kev.aggregator.result import Result
-from kev.engine.stats import StepRecord
+from kev.engine.stats import EngineLoad, StepRecord
 from kev.server.api_models import QueryBody
 from kev.server.errors import ApiError, field_path, validation_error
 from kev.server.limits import Limits
@@ -114,9 +114,41 @@ def test_metrics_fold_each_step_once() -> None:
     metrics.observe_result(Result("r", 0, completion_tokens=3, prompt_tokens=5, channel_id=1, status="ok",
                                   finish_reason="length", isolation_verified=False))
     assert registry.get_sample_value("kev_channel_questions_total", {"channel_id": "1", "status": "ok"}) == 1
-    assert registry.get_sample_value("kev_isolation_alerts", {"kind": "cross_channel_visible"}) == 2
-    assert registry.get_sample_value("kev_isolation_alerts", {"kind": "shadow_mismatch"}) == 0
+    assert registry.get_sample_value("kev_isolation_alerts_total", {"kind": "cross_channel_visible"}) == 2
+    assert registry.get_sample_value("kev_isolation_alerts_total", {"kind": "shadow_mismatch"}) == 0
     assert b"kev_completion_tokens_total 3.0" in metrics.render()
+    assert b"# TYPE kev_isolation_alerts_total counter" in metrics.render(), "a counter, under the name the docs give"
+
+
+def test_latency_histograms_come_from_the_result_fields() -> None:
+    metrics = ServerMetrics()
+    metrics.observe_result(Result("r", 0, prompt_tokens=7, completion_tokens=5, status="ok", finish_reason="stop",
+                                  isolation="loose", queue_ms=200.0, elapsed_ms=1300.0, ttft_ms=500.0, tpot_ms=250.0))
+    metrics.observe_result(Result("r", 1, status="error", finish_reason="error", error="bad question"))
+    value = metrics.registry.get_sample_value
+    assert value("kev_time_to_first_token_seconds_count") == 1, "no first token, no TTFT sample"
+    assert value("kev_time_to_first_token_seconds_sum") == pytest.approx(0.5)
+    assert value("kev_e2e_request_latency_seconds_sum") == pytest.approx(1.5), "queue included"
+    assert value("kev_e2e_request_latency_seconds_count") == 2
+    assert value("kev_queue_time_seconds_sum") == pytest.approx(0.2)
+    # 5 tokens: 4 gaps of 250 ms; the mean over tokens is rate(sum) / rate(count)
+    assert value("kev_time_per_output_token_seconds_count") == 4
+    assert value("kev_time_per_output_token_seconds_sum") == pytest.approx(1.0)
+    assert value("kev_question_prompt_tokens_sum") == 7 and value("kev_question_generation_tokens_count") == 2
+    assert value("kev_questions_finished_total", {"isolation": "loose", "finish_reason": "stop"}) == 1
+    assert value("kev_questions_finished_total", {"isolation": "strict", "finish_reason": "error"}) == 1
+
+
+def test_engine_load_gauges_and_prefix_counters() -> None:
+    metrics = ServerMetrics()
+    # two engines of different sizes: the ratio is of the sums, not the mean of the two ratios
+    load = EngineLoad(2, 3, 10, 100, 4, 3) + EngineLoad(1, 0, 30, 40, 2, 2)
+    metrics.refresh([], [], 3, {}, load)
+    value = metrics.registry.get_sample_value
+    assert value("kev_kv_cache_usage_ratio") == pytest.approx(40 / 140)
+    assert value("kev_kv_blocks_free") == 100 and value("kev_kv_blocks_total") == 140
+    assert value("kev_questions_running") == 3 and value("kev_questions_waiting") == 3
+    assert value("kev_prefix_cache_queries_total") == 6 and value("kev_prefix_cache_hits_total") == 5
 
 
 def test_openai_usage_counts_each_prompt_once() -> None:

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -83,6 +84,76 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return lanes[0];
 }
 
+
+// Each row of scores [rows, length] becomes exp(s - max) in place (normalised later by its sum).
+inline void softmax_rows(float* scores, int64_t rows, int64_t length) {
+  for (int64_t g = 0; g < rows; ++g) {
+    float* s = scores + g * length;
+    float top = s[0];
+    for (int64_t t = 1; t < length; ++t) top = s[t] > top ? s[t] : top;
+    for (int64_t t = 0; t < length; ++t) s[t] = exp_nonpositive(s[t] - top);
+  }
+}
+
+// The same task for any dim and dtype, through fp32 row buffers.
+template <typename T>
+void task_scalar(const float* query, const T* k_ptr, const T* v_ptr, const int64_t* slots, int64_t length,
+                 int64_t kv_heads, int64_t kv_head, int64_t group, int64_t dim, float scale, float* scores, float* acc,
+                 float* row) {
+  for (int64_t t = 0; t < length; ++t) {
+    to_float(k_ptr + (slots[t] * kv_heads + kv_head) * dim, row, dim);
+    for (int64_t g = 0; g < group; ++g) scores[g * length + t] = dot(query + g * dim, row, dim) * scale;
+  }
+  softmax_rows(scores, group, length);
+  for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.0f;
+  for (int64_t t = 0; t < length; ++t) {
+    to_float(v_ptr + (slots[t] * kv_heads + kv_head) * dim, row, dim);
+    for (int64_t g = 0; g < group; ++g) {
+      const float p = scores[g * length + t];
+      for (int64_t d = 0; d < dim; ++d) acc[g * dim + d] += p * row[d];
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+// One (channel, kv head) task with the key/value rows held in registers (dim = 16 * kVec, kVec <= 8).
+template <typename T, int kVec>
+void task_vector(const float* query, const T* k_ptr, const T* v_ptr, const int64_t* slots, int64_t length,
+                 int64_t kv_heads, int64_t kv_head, int64_t group, float scale, float* scores, float* acc) {
+  constexpr int64_t dim = 16 * kVec;
+  for (int64_t t = 0; t < length; ++t) {
+    const T* key = k_ptr + (slots[t] * kv_heads + kv_head) * dim;
+    __m512 k[kVec];
+    for (int v = 0; v < kVec; ++v) k[v] = load16(key + 16 * v);
+    for (int64_t g = 0; g < group; ++g) {
+      __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(query + g * dim), k[0]);
+      for (int v = 1; v < kVec; ++v) sum = _mm512_fmadd_ps(_mm512_loadu_ps(query + g * dim + 16 * v), k[v], sum);
+      scores[g * length + t] = _mm512_reduce_add_ps(sum) * scale;
+    }
+  }
+  softmax_rows(scores, group, length);
+  for (int64_t i = 0; i < group * dim; ++i) acc[i] = 0.0f;
+  for (int64_t t = 0; t < length; ++t) {
+    const T* value = v_ptr + (slots[t] * kv_heads + kv_head) * dim;
+    __m512 x[kVec];
+    for (int v = 0; v < kVec; ++v) x[v] = load16(value + 16 * v);
+    for (int64_t g = 0; g < group; ++g) {
+      const __m512 p = _mm512_set1_ps(scores[g * length + t]);
+      for (int v = 0; v < kVec; ++v) {
+        float* a = acc + g * dim + 16 * v;
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(p, x[v], _mm512_loadu_ps(a)));
+      }
+    }
+  }
+}
+#endif
+
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::Tensor& rows,
          const at::Tensor& slots, const at::Tensor& offsets, double scale) {
@@ -105,29 +176,26 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
       const int64_t row = row_ptr[channel];
       scores.resize(group * length);
       to_float(q_ptr + row * q_row_stride + kv_head * group * dim, query.data(), group * dim);
-      for (int64_t t = 0; t < length; ++t) {
-        const int64_t base = (slot_ptr[first + t] * kv_heads + kv_head) * dim;
-        to_float(k_ptr + base, key.data(), dim);
-        for (int64_t g = 0; g < group; ++g) scores[g * length + t] = dot(&query[g * dim], key.data(), dim) * scale_f;
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, at::Half>) {
+        task_scalar(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, dim, scale_f,
+                    scores.data(), acc.data(), key.data());
+      } else if (dim == 64) {
+        task_vector<T, 4>(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, scale_f,
+                          scores.data(), acc.data());
+      } else if (dim == 128) {
+        task_vector<T, 8>(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, scale_f,
+                          scores.data(), acc.data());
+      } else
+#endif
+      {
+        task_scalar(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, dim, scale_f,
+                    scores.data(), acc.data(), key.data());
       }
       for (int64_t g = 0; g < group; ++g) {
-        float* s = &scores[g * length];
-        float top = s[0];
-        for (int64_t t = 1; t < length; ++t) top = s[t] > top ? s[t] : top;
-        for (int64_t t = 0; t < length; ++t) s[t] = exp_nonpositive(s[t] - top);
         float sum = 0.0f;
-        for (int64_t t = 0; t < length; ++t) sum += s[t];
+        for (int64_t t = 0; t < length; ++t) sum += scores[g * length + t];
         total[g] = sum;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t t = 0; t < length; ++t) {
-        const int64_t base = (slot_ptr[first + t] * kv_heads + kv_head) * dim;
-        to_float(v_ptr + base, key.data(), dim);
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * length + t];
-          float* a = &acc[g * dim];
-          for (int64_t d = 0; d < dim; ++d) a[d] += p * key[d];
-        }
       }
       for (int64_t g = 0; g < group; ++g) {
         T* o = out_ptr + (row * heads + kv_head * group + g) * dim;

@@ -1,0 +1,154 @@
+"""Structured output per channel, through llguidance.
+
+A question may carry `structured_outputs`: exactly one of
+  {"json": <JSON schema>}        any JSON value the schema accepts
+  {"json_object": true}          any JSON object
+  {"regex": "<regex>"}           text matching the regex
+  {"choice": ["a", "b", ...]}    exactly one of the strings
+  {"grammar": "<Lark or GBNF>"}  text of the grammar
+(vLLM's `structured_outputs`). It is compiled when the question is submitted (a bad one is that
+question's error, naming the field and llguidance's reason) within GRAMMAR_COMPILE_SECONDS.
+The matcher it yields (ChannelGrammar) is the grammar state of the question's channel: it masks
+that channel's logits row only, advances with that channel's tokens only, and is dropped when the
+question finishes and gives its channel back. Rows of other channels are never touched.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import llguidance
+import llguidance.numpy as llg_numpy
+import numpy as np
+import torch
+
+from kev.engine.inputs import QuestionError
+from kev.model.tokenizer import Tokenizer
+
+GRAMMAR_COMPILE_SECONDS = 10.0  # wall-clock limit to check and compile one constraint
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# llguidance's own work limits (its fuel units; see LLParserLimits) bound a hostile schema before the clock does.
+_LIMITS = {"initial_lexer_fuel": 2_000_000, "max_grammar_size": 500_000, "step_lexer_fuel": 400_000}
+
+
+class GrammarCompiler:
+    """Turns a structured_outputs spec into llguidance grammars and per-channel matchers for one tokenizer."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: list[int],
+                 compile_seconds: float = GRAMMAR_COMPILE_SECONDS) -> None:
+        self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, list(eos_token_ids)
+        self.compile_seconds = compile_seconds
+        self._lltokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="kev-grammar")
+
+    @property
+    def lltokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:  # built once, on the first constrained question (about 0.3 s)
+            if self._lltokenizer is None:
+                self._lltokenizer = llguidance.LLTokenizer(self.tokenizer.to_json(), n_vocab=self.vocab_size,
+                                                           eos_token=self.eos_token_ids)
+            return self._lltokenizer
+
+    def compile(self, spec: Any, where: str) -> CompiledGrammar:
+        """The llguidance grammar of spec, checked; QuestionError naming `where` otherwise."""
+        grammar = grammar_of(spec, where)
+        future = self._pool.submit(self._check, grammar)
+        try:
+            problem = future.result(timeout=self.compile_seconds)
+        except FutureTimeout:  # the worker thread finishes on its own (llguidance's fuel limits bound it)
+            raise QuestionError(f"{where}: compiling the constraint took longer than {self.compile_seconds:g} s") from None
+        if problem:
+            raise QuestionError(f"{where}: {problem.strip().splitlines()[0]}")
+        return CompiledGrammar(self, grammar)
+
+    def start(self, grammar: str) -> ChannelGrammar:
+        """A fresh matcher at the grammar's start: one per question, so per channel."""
+        return ChannelGrammar(llguidance.LLMatcher(self.lltokenizer, grammar, limits=llguidance.LLParserLimits(**_LIMITS)),
+                              self.vocab_size, self.eos_token_ids)
+
+    def _check(self, grammar: str) -> str:
+        limits = llguidance.LLParserLimits(**_LIMITS)
+        problem = llguidance.LLMatcher.validate_grammar(grammar, self.lltokenizer, limits=limits)
+        if problem:
+            return problem
+        matcher = llguidance.LLMatcher(self.lltokenizer, grammar, limits=limits)
+        return matcher.get_error() if matcher.is_error() else ""
+
+
+class CompiledGrammar:
+    """A checked grammar; start() gives each question (each channel) its own matcher."""
+
+    def __init__(self, compiler: GrammarCompiler, grammar: str) -> None:
+        self.compiler, self.grammar = compiler, grammar
+
+    def start(self) -> ChannelGrammar:
+        return self.compiler.start(self.grammar)
+
+
+def grammar_of(spec: Any, where: str) -> str:
+    if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in KINDS:
+        raise QuestionError(f"{where}: must be an object with exactly one of {', '.join(KINDS)}")
+    kind, value = next(iter(spec.items()))
+    if kind in ("json", "json_object"):
+        if kind == "json_object":
+            if value is not True:
+                raise QuestionError(f"{where}.json_object: must be true")
+            value = {"type": "object"}
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as err:
+                raise QuestionError(f"{where}.json: the schema is not valid JSON ({err})") from None
+        if not isinstance(value, dict):
+            raise QuestionError(f"{where}.json: a JSON schema must be an object, got {type(value).__name__}")
+        try:  # compact separators: a small model offered free whitespace can pad forever
+            return llguidance.LLMatcher.grammar_from_json_schema(value, defaults={"whitespace_flexible": False})
+        except (ValueError, TypeError) as err:
+            raise QuestionError(f"{where}.json: {err}") from None
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise QuestionError(f"{where}.choice: must be a non-empty list of non-empty strings")
+        return llguidance.grammar_from("choice", value)  # type: ignore[arg-type]
+    if not isinstance(value, str) or not value:
+        raise QuestionError(f"{where}.{kind}: must be a non-empty string")
+    try:
+        return llguidance.grammar_from("regex" if kind == "regex" else "grammar", value)
+    except ValueError as err:
+        raise QuestionError(f"{where}.{kind}: {err}") from None
+
+
+class ChannelGrammar:
+    """One channel's grammar state: which tokens may come next, advanced by the channel's own tokens."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
+        self._bitmask = llg_numpy.allocate_token_bitmask(1, vocab_size)  # [1, ceil(vocab / 32)] int32
+
+    def allowed(self) -> torch.Tensor:
+        """[vocab] bool: the tokens the grammar accepts next."""
+        llg_numpy.fill_next_token_bitmask(self.matcher, self._bitmask, 0)
+        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self.vocab_size]
+        allowed = torch.from_numpy(bits.astype(bool))
+        if not allowed.any():  # a matcher in error allows nothing: end the answer rather than sample from all -inf
+            allowed[self.eos_token_ids] = True
+        return allowed
+
+    def constrain(self, row: torch.Tensor) -> torch.Tensor:
+        """A copy of the logits row with every token the grammar forbids at -inf."""
+        return row.masked_fill(~self.allowed().to(row.device), float("-inf"))
+
+    def accept(self, token_id: int) -> None:
+        self.matcher.consume_token(token_id)
+
+    @property
+    def is_done(self) -> bool:
+        """The grammar is complete and allows nothing more (it took EOS, or its text is whole)."""
+        return self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str | None:
+        return self.matcher.get_error() if self.matcher.is_error() else None

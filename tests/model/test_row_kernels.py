@@ -1,0 +1,59 @@
+"""Kev's C++ row kernels (RMSNorm, rotary in place, SiLU·mul): close to the torch reference, and a
+row's bits never depend on the rows beside it."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kev.model.kernels import load_cpu_kernels
+from kev.model.model_store import cache_root
+from kev.model.rope import RotaryTable
+
+HEADS, KV_HEADS, DIM = 9, 3, 64
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels() -> None:
+    assert load_cpu_kernels(cache_root()), "Kev's C++ kernels did not build (see the warning above)"
+
+
+def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((ours.float() - reference.float()).abs().max() / reference.float().abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(37, 576, generator=gen).to(dtype), torch.rand(576, generator=gen).to(dtype)
+    x32 = x.float()
+    reference = weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+    ours = torch.ops.kev.rms_norm(x, weight, 1e-5)
+    assert relative_error(ours, reference) < TOLERANCE[dtype]
+    assert torch.equal(torch.ops.kev.rms_norm(x[11:12].contiguous(), weight, 1e-5)[0], ours[11])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul(dtype):
+    gate_up = (torch.randn(70, 2 * 1536, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    ours = torch.ops.kev.silu_mul(gate_up)
+    assert relative_error(ours, F.silu(gate.float()) * up.float()) < TOLERANCE[dtype]
+    assert torch.equal(torch.ops.kev.silu_mul(gate_up[40:41].contiguous())[0], ours[40])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_in_place_rotates_q_and_k_only(dtype):
+    table = RotaryTable(DIM, 10000.0, None, 512).to(torch.device("cpu"), dtype)
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(23, (HEADS + 2 * KV_HEADS) * DIM, generator=gen).to(dtype)
+    positions = torch.randint(0, 512, (23,), generator=gen)
+    q_ref = table.apply(qkv[:, :HEADS * DIM].float().view(-1, HEADS, DIM), positions).flatten(1)
+    ours = qkv.clone()
+    torch.ops.kev.rope_(ours, table.cos, table.sin, positions, HEADS + KV_HEADS, DIM)
+    assert relative_error(ours[:, :HEADS * DIM], q_ref) < TOLERANCE[dtype]
+    assert torch.equal(ours[:, (HEADS + KV_HEADS) * DIM:], qkv[:, (HEADS + KV_HEADS) * DIM:])  # V untouched
+    alone = qkv[7:8].clone()
+    torch.ops.kev.rope_(alone, table.cos, table.sin, positions[7:8], HEADS + KV_HEADS, DIM)
+    assert torch.equal(alone[0], ours[7])
