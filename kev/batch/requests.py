@@ -23,13 +23,18 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions, as on the ro
 
 @dataclass(frozen=True)
 class BatchRequest:
-    """One line, ready for Backend.submit: n choices of each prompt are n questions, one channel each."""
+    """One line, ready for Backend.submit: each candidate of each prompt is a question, one channel each."""
 
     line: BatchLine
     queries: list[Any]
     options: dict[str, Any]
     kind: Kind
-    n: int
+    n: int  # candidates per prompt (best_of, else n); question index = prompt_index * n + candidate
+    keep: int  # choices answered per prompt (n): the most likely `keep` of the n candidates
+    logprobs: bool = False
+    echo: tuple[str | list[int], ...] | None = None  # completions with echo: each prompt (token ids decoded at answer time)
+    single_prompt: bool = False  # completions: prompt was one string or one list of ids (errors name "prompt")
+    structure_field: str | None = None  # the body field that asked for structured output
 
     @property
     def custom_id(self) -> str:
@@ -69,24 +74,31 @@ class RequestBuilder:
 
     def _chat(self, line: BatchLine, body: dict[str, Any]) -> BatchRequest:
         chat = ChatCompletionBody.model_validate(body)
-        self._check(chat.model, chat.stream, chat.n, chat.max_completion_tokens or chat.max_tokens, chat.timeout_ms)
+        self._check(chat.model, chat.stream, chat.num_candidates, chat.max_completion_tokens or chat.max_tokens,
+                    chat.timeout_ms)
+        chat.check_supported()
         messages = [m.to_engine() for m in chat.messages]
         self.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
-        queries = [{"messages": messages, **_seed(chat.choice_seed(j))} for j in range(chat.n)]
+        queries = [{"messages": messages, **_seed(chat.choice_seed(j))} for j in range(chat.num_candidates)]
         options = {"max_tokens": self.limits.default_max_tokens,
-                   **chat.engine_options(chat.max_completion_tokens or chat.max_tokens)}
-        return BatchRequest(line, queries, options, "chat", chat.n)
+                   **chat.engine_options(chat.max_completion_tokens or chat.max_tokens), **chat.logprob_options()}
+        return BatchRequest(line, queries, _ranked(options, chat.num_candidates, chat.n), "chat", chat.num_candidates,
+                            chat.n, bool(chat.logprobs), structure_field=chat.structure()[0])
 
     def _completion(self, line: BatchLine, body: dict[str, Any]) -> BatchRequest:
-        completion = CompletionBody.model_validate(body)
-        prompts = completion.prompts
-        max_tokens = completion.max_tokens if completion.max_tokens is not None else \
-            min(COMPLETION_MAX_TOKENS, self.limits.max_tokens_cap)
-        self._check(completion.model, completion.stream, len(prompts) * completion.n, max_tokens, completion.timeout_ms)
+        body_ = CompletionBody.model_validate(body)
+        prompts = body_.prompts
+        max_tokens = body_.max_tokens if body_.max_tokens is not None else min(COMPLETION_MAX_TOKENS, self.limits.max_tokens_cap)
+        self._check(body_.model, body_.stream, len(prompts) * body_.num_candidates, max_tokens, body_.timeout_ms)
+        body_.check_supported()
         for i, prompt in enumerate(prompts):
-            self.limits.check_chars(len(prompt), f"prompt[{i}]" if isinstance(completion.prompt, list) else "prompt")
-        queries = [{"prompt": p, **_seed(completion.choice_seed(j))} for p in prompts for j in range(completion.n)]
-        return BatchRequest(line, queries, completion.engine_options(max_tokens), "text", completion.n)
+            self.limits.check_chars(len(prompt), "prompt" if body_.is_single else f"prompt[{i}]")
+        queries = [{"prompt" if isinstance(p, str) else "prompt_ids": p, **_seed(body_.choice_seed(j))}
+                   for p in prompts for j in range(body_.num_candidates)]
+        options = {**body_.engine_options(max_tokens), **body_.logprob_options(max_tokens)}
+        return BatchRequest(line, queries, _ranked(options, body_.num_candidates, body_.n), "text", body_.num_candidates,
+                            body_.n, body_.logprobs is not None, tuple(prompts) if body_.echo else None, body_.is_single,
+                            body_.structure()[0])
 
     def _check(self, model: str, stream: bool, num_questions: int, max_tokens: int | None, timeout_ms: int | None) -> None:
         if model != self.model_name:
@@ -96,6 +108,11 @@ class RequestBuilder:
         self.limits.check_count(num_questions, "n")
         self.limits.check_max_tokens(max_tokens, "max_tokens")
         self.limits.check_timeout(timeout_ms, "timeout_ms")
+
+
+def _ranked(options: dict[str, Any], candidates: int, keep: int) -> dict[str, Any]:
+    """best_of > n ranks candidates by total logprob, so every candidate records its tokens' logprobs (as the route)."""
+    return {"logprobs": 0, **options} if candidates > keep else options
 
 
 def _seed(seed: int | None) -> dict[str, int]:

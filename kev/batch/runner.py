@@ -72,7 +72,7 @@ class BatchRunner:
             self.backend.forget(request_id)
         if any(r.status == "cancelled" for r in results):  # cancelled under us (shutdown): not an answer
             return None
-        return answer_record(request, request_id, results, self.model_name)
+        return answer_record(request, request_id, results, self.model_name, self.backend.tokenizer)
 
     async def _submit(self, request: BatchRequest, stop: asyncio.Event) -> str | None:
         """The request_id, or None when stopped first; InvalidRequestError passes through."""
