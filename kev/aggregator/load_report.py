@@ -27,6 +27,7 @@ class BucketLoad:
     count: int
     share: float
     is_hot: bool
+    moved: int = 0  # placed off the strategy's pick (an idle channel, the breaker, a full queue): `rerouted`
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def summarize(records: Iterable[dict[str, Any]], hot_share: float = 0.25, epsilo
     """records: audit records of kind "result" (others are skipped)."""
     results = [r for r in records if r.get("kind", "result") == "result"]
     buckets = Counter(r["hash_bucket"] for r in results if r.get("hash_bucket") is not None)
+    moved = Counter(r["hash_bucket"] for r in results if r.get("hash_bucket") is not None and r.get("rerouted"))
     routed = [r for r in results if r.get("channel_id") is not None]
     per_channel = Counter(r["channel_id"] for r in routed)
     waits: dict[int, list[float]] = defaultdict(list)
@@ -75,7 +77,8 @@ def summarize(records: Iterable[dict[str, Any]], hot_share: float = 0.25, epsilo
     n = num_channels or (max(per_channel) + 1 if per_channel else 0)
     total_buckets, total_routed = sum(buckets.values()), len(routed)
     mean = total_routed / n if n else 0.0
-    bucket_loads = [BucketLoad(b, c, c / total_buckets, c / total_buckets > hot_share) for b, c in buckets.most_common()]
+    bucket_loads = [BucketLoad(b, c, c / total_buckets, c / total_buckets > hot_share, moved[b])
+                    for b, c in buckets.most_common()]
     channel_loads = [
         ChannelLoad(ch, per_channel[ch], per_channel[ch] / total_routed if total_routed else 0.0,
                     per_channel[ch] / mean if mean else 0.0, percentile(waits[ch], 50), percentile(waits[ch], 99),

@@ -1,7 +1,8 @@
 """kev serve: the HTTP service (FastAPI on uvicorn), one engine per process.
 
-SIGTERM or Ctrl-C: stop accepting, let in-flight requests finish for server.shutdown_grace_s,
-cancel the rest, close the engine, exit 0.
+SIGTERM or Ctrl-C, at any moment (loading included): stop accepting (503 + Retry-After), let
+in-flight requests finish for server.shutdown_grace_s, cancel the rest (each caller gets its
+cancelled results), close the engine, exit 0 (kev/server/drain.py).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
     parser.add_argument("--host", help="server.host (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="server.port (default 8765; 0 picks a free one)")
-    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (else ${API_KEY_ENV}, else server.api_key)")
+    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (else ${API_KEY_ENV}, else server.api_key); "
+                                           f"a flag is visible to every user in `ps`: set ${API_KEY_ENV} to keep the key out of it")
     parser.add_argument("--max-body-bytes", type=int, help="server.max_body_bytes")
     parser.add_argument("--max-questions", type=int, help="server.max_questions (per request)")
     parser.add_argument("--max-question-chars", type=int, help="server.max_question_chars")
@@ -43,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from kev.server.app import build_app
+    from kev.server.drain import DrainingServer, exit_if_loading
+    from kev.server.slow_clients import guarded_h11
 
     server_overrides = {name: getattr(args, name) for name in _SERVER_FLAGS if getattr(args, name) is not None}
     overrides = {"server": server_overrides} if server_overrides else {}
@@ -58,9 +62,13 @@ def run(args: argparse.Namespace) -> int:
         holder[0].should_exit = True
 
     app = build_app(config, api_key=api_key, on_load_failed=stop_on_load_failure)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level, log_config=None,
-                                           timeout_graceful_shutdown=max(config.server.shutdown_grace_s, 0.1),
-                                           access_log=args.log_level == "debug"))
+    grace = config.server.shutdown_grace_s
+    server = DrainingServer(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level, log_config=None,
+                                           timeout_graceful_shutdown=DrainingServer.timeout_for(grace),
+                                           http=guarded_h11(config.server.header_timeout_s),
+                                           limit_concurrency=config.server.max_connections,
+                                           timeout_keep_alive=config.server.keep_alive_s,
+                                           access_log=args.log_level == "debug"), app.state.service, grace)
     holder.append(server)
     # uvicorn re-raises the SIGTERM/SIGINT it handled once it is done; a no-op handler lets us exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -72,4 +80,6 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print("kev serve: the model failed to load (see the log above)", file=sys.stderr)
         return 1
-    return 0 if server.started else 1
+    code = 0 if server.started else 1
+    exit_if_loading(app.state.service, code)
+    return code

@@ -34,10 +34,10 @@ def print_report(report: LoadReport, top: int) -> None:
     console.print(f"{report.num_results} results, strategy {', '.join(report.strategies) or '?'}, "
                   f"{report.num_channels} channels; busiest channel {report.max_load_vs_mean:.2f}× the mean")
     buckets = Table(title=f"hash buckets (hot: share > {report.hot_share:.0%})")
-    for column in ("bucket", "questions", "share", "hot"):
+    for column in ("bucket", "questions", "share", "moved", "hot"):
         buckets.add_column(column, justify="right")
     for b in report.buckets[:top]:
-        buckets.add_row(str(b.bucket), str(b.count), f"{b.share:.1%}", "HOT" if b.is_hot else "")
+        buckets.add_row(str(b.bucket), str(b.count), f"{b.share:.1%}", str(b.moved), "HOT" if b.is_hot else "")
     console.print(buckets)
     channels = Table(title=f"channels (over: > {1 + report.epsilon:.2f}× the mean)")
     for column in ("channel", "questions", "share", "× mean", "queue p50 ms", "queue p99 ms", "over"):

@@ -31,9 +31,10 @@ class RouterConfig(_Section):
     strategy: Literal["semantic_hash", "consistent_hash", "round_robin", "length_aware"] = "semantic_hash"
     max_parallel_queries: int = Field(8, ge=1, le=1024)
     channel_pool_size: int = Field(16, ge=1, le=4096)
-    # A channel can take a question while fewer than this many wait in its own queue;
-    # when no channel of the question's group can, overflow_policy applies.
-    channel_queue_depth: int = Field(8, ge=1, le=1_000_000)
+    # An idle channel always takes a question. A busy one takes it only while fewer than this many
+    # wait in its own queue (0: never, so "full" means every channel of the group is busy); when no
+    # channel of the question's group can take it, overflow_policy applies.
+    channel_queue_depth: int = Field(0, ge=0, le=1_000_000)
     overflow_policy: Literal["wait", "queue", "reject"] = "wait"
     max_queue: int = Field(1024, ge=0)  # the overflow FIFO of policy `queue`
     normalize: bool = True
@@ -68,7 +69,7 @@ class RouterConfig(_Section):
     def _routing_is_consistent(self) -> RouterConfig:
         if self.num_buckets & (self.num_buckets - 1):
             raise ValueError(f"router.num_buckets ({self.num_buckets}) must be a power of two (SimHash bits)")
-        if self.breaker_threshold is not None and self.breaker_threshold >= self.channel_queue_depth:
+        if self.breaker_threshold is not None and 0 < self.channel_queue_depth <= self.breaker_threshold:
             raise ValueError(f"router.breaker_threshold ({self.breaker_threshold}) must be below "
                              f"router.channel_queue_depth ({self.channel_queue_depth}), or it never trips")
         if any(t < 1 for t in self.length_tiers) or list(self.length_tiers) != sorted(set(self.length_tiers)):
@@ -173,7 +174,8 @@ class CoreConfig(_Section):
 
 class AggregatorConfig(_Section):
     mode: Literal["slot_map", "seq_append", "priority"] = "slot_map"
-    timeout_ms: int = Field(10000, ge=1)
+    # Per-channel budget in ms; None (the default): no wall-clock deadline unless a request sets one.
+    timeout_ms: int | None = Field(None, ge=1)
 
 
 class KevConfig(_Section):
@@ -188,7 +190,7 @@ class KevConfig(_Section):
 
     @model_validator(mode="after")
     def _timeout_under_cap(self) -> KevConfig:
-        if self.aggregator.timeout_ms > self.router.timeout_ms_cap:
+        if self.aggregator.timeout_ms is not None and self.aggregator.timeout_ms > self.router.timeout_ms_cap:
             raise ValueError(f"aggregator.timeout_ms ({self.aggregator.timeout_ms}) exceeds "
                              f"router.timeout_ms_cap ({self.router.timeout_ms_cap})")
         return self

@@ -143,7 +143,8 @@ class Aggregator:
             for record in list(self.open.values()):
                 for question in record.questions:
                     key = (record.request_id, question.index)
-                    if key not in self.answered and question.expires_at <= now:
+                    expires = question.expires_at
+                    if key not in self.answered and expires is not None and expires <= now:
                         await self._guarded(self._time_out(record, question.index))
             horizon = time.monotonic() - FORGET_S
             self.answered = {k: t for k, t in self.answered.items() if t > horizon}

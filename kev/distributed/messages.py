@@ -35,14 +35,14 @@ class WorkItem(_Message):
     strategy: str = ""
     rerouted: bool = False  # the router's breaker or a full partition moved it off the strategy's pick
     submitted_at: float
-    expires_at: float  # after this nobody waits: the aggregator has answered it with a timeout placeholder
+    expires_at: float | None = None  # after this nobody waits (the aggregator's timeout placeholder); None: no deadline
 
 
 class QuestionRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     index: int = Field(ge=0)
-    expires_at: float
+    expires_at: float | None = None  # None: no deadline (neither the request nor aggregator.timeout_ms set one)
     original_text: str | None = None
     hash_bucket: int | None = None
     category: str | None = None

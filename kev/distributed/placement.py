@@ -6,8 +6,10 @@ engine replicas (multi_gpu). Its PoolView is the partitions' load:
   queue_length(p)  questions waiting in p, not yet pulled by a worker (the breaker reads it)
   load(p)          waiting + pulled and not yet answered (the strategies balance it)
   can_take(p)      fewer than `room` wait in p, and a worker is alive for it
-`room` is router.channel_pool_size x router.channel_queue_depth: the queue room one worker's
-channels have in single mode. When no partition of the question's group can take it,
+  is_idle(p)       nothing waits in p or runs from it, and a worker is alive for it: the router
+                   prefers such a partition to a busy pick (work-conserving, as for channels)
+`room` is router.channel_pool_size x max(1, router.channel_queue_depth): the questions one
+worker's channel pool holds in single mode. When no partition of the question's group can take it,
 router.overflow_policy applies, exactly as for a full channel pool.
 """
 from __future__ import annotations
@@ -46,7 +48,13 @@ class PartitionLoads:
         return self.waiting[channel_id]
 
     def can_take(self, channel_id: int) -> bool:
-        return self.waiting[channel_id] < self.room and (self.live is None or channel_id in self.live)
+        return self.waiting[channel_id] < self.room and self.is_live(channel_id)
+
+    def is_idle(self, channel_id: int) -> bool:
+        return self.load(channel_id) == 0 and self.is_live(channel_id)
+
+    def is_live(self, channel_id: int) -> bool:
+        return self.live is None or channel_id in self.live
 
     # --- what the poller learns -------------------------------------------------
     def snapshot(self) -> tuple[list[int], list[int]]:
@@ -97,7 +105,7 @@ class PartitionPlacer:
         # The layout splits partitions (not channels) into the category x tier groups; every partition
         # works at once, so the groups' slot shares never bind here.
         sized = config.model_copy(update={"channel_pool_size": num_partitions, "max_parallel_queries": num_partitions})
-        room = config.channel_pool_size * config.channel_queue_depth
+        room = config.channel_pool_size * max(1, config.channel_queue_depth)
         return cls(Router(sized, encoder), PartitionLoads.empty(num_partitions, room), config.max_queue)
 
     def place(self, features: QuestionFeatures) -> Placement | None:

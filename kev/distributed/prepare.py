@@ -27,7 +27,7 @@ class Prepared:
     question: Any  # what goes on the queue
     features: QuestionFeatures
     priority: int
-    timeout_ms: int
+    timeout_ms: int | None  # None: no deadline
     original_text: str | None
 
 

@@ -60,6 +60,10 @@ class DistributedBackend:
     def unavailable(self) -> str | None:
         return self.link.unavailable
 
+    @property
+    def degraded(self) -> str | None:
+        return self.link.degraded
+
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._spawn(self.link.run())
@@ -112,7 +116,7 @@ class DistributedBackend:
     async def _place_one(self, p: Prepared) -> Placement | None:
         """A partition, or None for the overflow queue; raises as Engine.submit's overflow does."""
         policy = self.config.router.overflow_policy
-        deadline = time.monotonic() + p.timeout_ms / 1000
+        deadline = None if p.timeout_ms is None else time.monotonic() + p.timeout_ms / 1000
         while (placement := self.placer.place(p.features)) is None:
             if policy == "queue":
                 if self.placer.defer():
@@ -120,7 +124,7 @@ class DistributedBackend:
                 raise RejectedError(f"overflow queue full (router.max_queue={self.placer.max_queue}); {self._load()}")
             if policy == "reject":
                 raise RejectedError(f"no worker partition can take question {p.index} (overflow_policy=reject); {self._load()}")
-            remaining = deadline - time.monotonic()
+            remaining = 1.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 raise OverflowTimeoutError(f"no worker partition could take question {p.index} within its timeout_ms "
                                            f"({p.timeout_ms}, overflow_policy=wait); {self._load()}")
@@ -130,7 +134,7 @@ class DistributedBackend:
     def _load(self) -> str:
         loads = self.placer.loads
         return (f"{len(loads.waiting)} partitions: waiting {loads.waiting} (room {loads.room} each = "
-                f"router.channel_pool_size x router.channel_queue_depth), pulled {loads.running}, "
+                f"router.channel_pool_size x max(1, router.channel_queue_depth)), pulled {loads.running}, "
                 f"{loads.overflow} in the overflow queue")
 
     async def _publish(self, request: OpenRequest, options: dict[str, Any], prepared: list[Prepared],
@@ -138,7 +142,8 @@ class DistributedBackend:
         if not prepared:
             return
         now, deploy, topology, request_id = time.time(), self.config.deploy, self.link.topology, request.request_id
-        expires = {p.index: now + (deploy.queue_timeout_ms + p.timeout_ms) / 1000 + GRACE_S for p in prepared}
+        expires = {p.index: None if p.timeout_ms is None else now + (deploy.queue_timeout_ms + p.timeout_ms) / 1000 + GRACE_S
+                   for p in prepared}
         record = RequestRecord(request_id=request_id, reply=self.router_id, num_questions=request.num_questions,
                                isolation=request.isolation, strategy=self.placer.router.strategy_name, questions=[
                                    QuestionRecord(index=p.index, expires_at=expires[p.index], original_text=p.original_text,
@@ -243,13 +248,17 @@ class DistributedBackend:
         # Steps happen on the workers (their audit logs have them); the alert counts come with their heartbeats.
         self.metrics.refresh([], states, waiting, self.directory.totals()[1], await self.load())
 
-    async def shutdown(self) -> int:
+    async def cancel_unfinished(self) -> int:
         unfinished = [rid for rid, r in self.requests.items() if not r.is_done]
         for request_id in unfinished:
             try:
                 await asyncio.wait_for(self.cancel(request_id), 5)
             except Exception as err:
                 log.warning("shutdown: cancelling %s: %s", request_id, err)
+        return len(unfinished)
+
+    async def shutdown(self) -> int:
+        unfinished = await self.cancel_unfinished()
         await self.link.close()
         for task in list(self._tasks):
             task.cancel()

@@ -1,7 +1,9 @@
 """RouterLink: the router's NATS side: connect (and keep trying), listen, poll the backlog, publish.
 
 Every POLL_S it reads the work consumers' counts (waiting, pulled) into the placement's
-loads and the live partitions from the worker heartbeats. After a reconnect, and every
+loads and the live partitions from the worker heartbeats, and whether an aggregator is
+pulling answers (its consumer has waiting pull requests): with none for AGGREGATOR_GRACE_S
+the router is not ready (answers would wait in the stream; requests would stall). After a reconnect, and every
 RECONCILE_S, it asks the backend to read back answers it may have missed.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from kev.distributed.router_metrics import ClusterGauges
 log = logging.getLogger("kev.distributed")
 POLL_S = 0.25
 RECONCILE_S = 5.0
+AGGREGATOR_GRACE_S = 3.0  # an aggregator's pull requests lapse between fetches; longer than that, none is there
 
 
 class RouterLink:
@@ -40,6 +43,7 @@ class RouterLink:
         self._stopping = asyncio.Event()
         self._polled = asyncio.Event()  # replaced after each poll; `wait` submitters sleep on it
         self._reconcile_at = 0.0
+        self._aggregator_seen = time.monotonic()  # when an aggregator last had a pull request waiting
 
     @property
     def is_connected(self) -> bool:
@@ -54,6 +58,14 @@ class RouterLink:
         return None
 
     @property
+    def degraded(self) -> str | None:
+        """Not ready though connected: no aggregator pulls answers (kev aggregator down?)."""
+        if self.is_connected and time.monotonic() - self._aggregator_seen > AGGREGATOR_GRACE_S:
+            return (f"no aggregator has pulled answers from {self.topology.results_stream} for "
+                    f"{time.monotonic() - self._aggregator_seen:.0f} s (is `kev aggregator` running?)")
+        return None
+
+    @property
     def answers(self) -> KeyValue | None:
         return self.link.answers if self.link is not None else None
 
@@ -65,6 +77,7 @@ class RouterLink:
         await link.nc.subscribe(self.topology.out_subject(self.router_id), cb=self._on_out)
         await link.nc.subscribe(self.topology.status_subject("*"), cb=self._on_status)
         self.link = link
+        self._aggregator_seen = time.monotonic()
         log.info("router %s: connected to NATS at %s", self.router_id, self.deploy.nats_url)
         while not self._stopping.is_set():
             if link.is_connected:
@@ -89,9 +102,12 @@ class RouterLink:
         try:
             infos = await asyncio.gather(*(link.js.consumer_info(self.topology.work_stream, durable)
                                            for durable, _ in consumers))
+            aggregator = await link.js.consumer_info(self.topology.results_stream, self.topology.aggregator_consumer)
         except Exception as err:  # NATS went away mid-poll: keep the last counts
             log.debug("router %s: backlog poll failed: %s", self.router_id, err)
             return
+        if aggregator.num_waiting:
+            self._aggregator_seen = time.monotonic()
         self.loads.update([i.num_pending or 0 for i in infos[:-1]], [i.num_ack_pending or 0 for i in infos[:-1]],
                           infos[-1].num_pending or 0, since)
         self.loads.live = self.directory.live_partitions()

@@ -2,8 +2,10 @@
 
 It pulls only as many questions as it has free slots (router.max_parallel_queries, the
 channels one forward runs): that is the backpressure, the rest stays in the stream where
-every worker and router can see it. Its own partition first, then the shared overflow
-queue, then partitions no live worker serves (a dead worker's questions come back there).
+every worker and router can see it. Partitions no live worker serves come first: a dead
+worker's questions come back there when their ack wait runs out, and they are older than
+anything new (the router places new work on live partitions only), so serving them first
+serves the work by age; then its own partition, then the shared overflow queue.
 Every question pulled joins the engine, which packs them into one forward as in single
 mode. Heartbeats (in_progress) keep long generations from being redelivered; the ack comes
 after the answer is published. Malformed messages go to the dead-letter stream.
@@ -36,6 +38,7 @@ from kev.errors import KevError
 log = logging.getLogger("kev.distributed")
 LONG_POLL_S = 0.5  # waiting on the own partition; the others are polled in between
 GATHER_S = 0.01  # after a fetch, how long to wait for more of what is arriving
+ORPHAN_POLL_S = 0.02  # a partition without a live worker, polled before the own one
 CANCEL_MEMORY_S = 600.0
 
 
@@ -69,13 +72,13 @@ class Worker:
                 await self._wait(self._room, LONG_POLL_S)
                 self._room.clear()
                 continue
-            got = await self._pull(subs[home], LONG_POLL_S)
+            got = 0
+            for partition in self._orphans():  # the oldest work first: a dead worker's redelivered questions
+                got += await self._pull(subs[topology.partition_consumer(partition)], ORPHAN_POLL_S)
             if not got:
-                got = await self._pull(subs[overflow], 0.05)
+                got = await self._pull(subs[home], LONG_POLL_S)
             if not got:
-                for partition in self._orphans():
-                    if await self._pull(subs[topology.partition_consumer(partition)], 0.05):
-                        break
+                await self._pull(subs[overflow], 0.05)
         await self._drain(grace_s)
         heartbeat.cancel()
 
@@ -118,7 +121,7 @@ class Worker:
         if key in self.jobs:  # redelivered while still running here (a late heartbeat): keep one run
             self.jobs[key].msg = msg
             return None
-        if item.request_id in self.cancelled or time.time() > item.expires_at:
+        if item.request_id in self.cancelled or (item.expires_at is not None and time.time() > item.expires_at):
             await self._guarded(msg.ack())  # nobody waits for it any more
             return None
         job = self.jobs[key] = Job(item, msg, self.worker_id)

@@ -1,8 +1,9 @@
 """ChannelPool: channel_pool_size pre-created channels, reused like database connections.
 
 A channel runs at most one question at a time; the questions the router bound to it
-wait in its own queue, highest priority first, then in arrival order. A channel can take
-a question while fewer than queue_depth wait in its queue (the router's "room").
+wait in its own queue, highest priority first, then in arrival order. An idle channel
+(nothing running, nothing queued) always takes a question; a busy one only while fewer
+than queue_depth wait in its queue (router.channel_queue_depth; 0, the default: never).
 """
 from __future__ import annotations
 
@@ -42,7 +43,11 @@ class ChannelPool:
         return len(self.channels[channel_id].queue)
 
     def can_take(self, channel_id: int) -> bool:
-        return len(self.channels[channel_id].queue) < self.queue_depth
+        return self.is_idle(channel_id) or len(self.channels[channel_id].queue) < self.queue_depth
+
+    def is_idle(self, channel_id: int) -> bool:
+        channel = self.channels[channel_id]
+        return channel.question is None and not channel.queue
 
     # --- queries ---------------------------------------------------------------
     def is_free(self, channel_id: int) -> bool:
@@ -76,6 +81,11 @@ class ChannelPool:
             queue.remove(question)
             return True
         return False
+
+    def move(self, question: Question, channel_id: int) -> None:
+        """Take a waiting question out of its channel's queue and bind it to another channel."""
+        assert self.remove(question)
+        self.enqueue(channel_id, question)
 
     def start(self, question: Question) -> None:
         """The queue head starts running in its channel."""

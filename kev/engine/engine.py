@@ -26,6 +26,7 @@ from kev.engine.logprobs import LogitRows
 from kev.engine.overflow import place_all
 from kev.engine.packer import pack
 from kev.engine.postprocess import Postprocessor
+from kev.engine.question import Question
 from kev.engine.request import Request, StreamEvent
 from kev.engine.sampler import sample
 from kev.engine.stats import EngineLoad, EngineStats
@@ -74,6 +75,9 @@ class Engine:
         self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler, self.post)
         self.metadata_hook: Callable[[StepMetadata], None] | None = None
         self._lock = threading.Condition()
+        # overflow_policy `wait`: each blocked submit() waits on its own condition (of the same lock), woken
+        # only once its questions are bound, so a step never wakes every blocked caller at once.
+        self._bind_waiters: list[tuple[list[Question], threading.Condition]] = []
         self.stats = EngineStats()
         self._closed = False
 
@@ -155,6 +159,7 @@ class Engine:
                 if not q.is_finished:
                     self.scheduler.finish(q, "cancelled", "cancelled")
                     self.post.complete(q)
+            self._wake_bound()  # a submit() still blocked on these questions returns
 
     def forget(self, request_id: str) -> None:
         """Cancel what is unfinished and drop the request's bookkeeping (a long-running server calls this)."""
@@ -191,7 +196,7 @@ class Engine:
         with self._lock:
             self.post.expire_deadlines()
             work = self.scheduler.schedule()
-            self._lock.notify_all()  # admission made room in channel queues: wake `wait` submitters
+            self._wake_bound()  # admission bound questions that `wait` submitters block on
             if not work:
                 return 0
             self.runner.copy_slots(self.scheduler.prefixes.take_copies())
@@ -259,13 +264,24 @@ class Engine:
         while self.scheduler.has_work():
             self.step()
 
-    def _wait_for_room(self, seconds: float) -> None:
-        """overflow_policy `wait`, lock held: let the engine free a channel queue."""
+    def _wait_for_room(self, questions: list[Question], seconds: float | None) -> None:
+        """overflow_policy `wait`, lock held: let the step loop bind the waiting questions to channels."""
         if self._thread is None:
             self.step()  # no loop thread: the blocked caller drives the engine itself
-        else:
-            self._lock.notify_all()  # the loop may be asleep: what was placed so far is work for it
-            self._lock.wait(seconds)
+            return
+        waiter = threading.Condition(self._lock)
+        self._bind_waiters.append((questions, waiter))
+        self._lock.notify_all()  # the loop may be asleep: what was placed so far is work for it
+        try:
+            waiter.wait(seconds)
+        finally:
+            self._bind_waiters = [(qs, w) for qs, w in self._bind_waiters if w is not waiter]
+
+    def _wake_bound(self) -> None:
+        """Lock held: wake the `wait` submitters whose questions all have a channel now (or were cancelled)."""
+        for questions, waiter in self._bind_waiters:
+            if all(q.channel_id is not None or q.is_finished for q in questions):
+                waiter.notify()
 
     def _loop(self, parts: EngineParts | None, handoff: queue.Queue[EngineParts | BaseException]) -> None:
         try:

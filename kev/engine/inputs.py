@@ -26,7 +26,7 @@ class QuestionError(ValueError):
 class RequestDefaults:
     sampling: SamplingParams
     max_tokens_cap: int
-    timeout_ms: int = 10000
+    timeout_ms: int | None = None  # None: no deadline
     system: str | None = None
     system_is_public: bool = False  # the operator's config system prompt, not the caller's
     timeout_ms_cap: int = 600_000
@@ -39,7 +39,7 @@ class QuestionSpec:
     raw_prompt: str | None  # a prompt used as-is (no template)
     original_text: str | None
     sampling: SamplingParams
-    timeout_ms: int
+    timeout_ms: int | None
     priority: int = 0
     prompt_ids: list[int] | None = None  # token ids used as-is
     structured_outputs: dict[str, Any] | None = None  # checked and compiled by kev.engine.structured
@@ -82,7 +82,9 @@ def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionS
                         options.get("structured_outputs", defaults.structured_outputs))
 
 
-def validate_timeout(timeout_ms: Any, cap: int, where: str) -> int:
+def validate_timeout(timeout_ms: Any, cap: int, where: str) -> int | None:
+    if timeout_ms is None:
+        return None  # no deadline
     timeout_ms = _int(timeout_ms, f"{where}timeout_ms", 1)
     if timeout_ms > cap:
         raise QuestionError(f"{where}timeout_ms: {timeout_ms} exceeds the cap router.timeout_ms_cap={cap}")

@@ -95,7 +95,8 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
     slot_mapping: list[int] = []
     sample_rows: list[int] = []
     decode = [w for w in work if w.length == 1 and w.start >= len(w.question.prompt_ids)]
-    prefill = [w for w in work if w not in decode]
+    decode_ids = {id(w) for w in decode}
+    prefill = [w for w in work if id(w) not in decode_ids]
     one_gemm = plan.is_one_gemm
     for group in [decode] + [[w] for w in prefill]:
         for w in group:

@@ -16,6 +16,21 @@ from kev.engine.submission import shadow_copy
 from kev.isolation.audit import Alert, AuditLog
 
 
+REPLACEMENT = "\ufffd"  # what a partial UTF-8 sequence decodes to
+ABORTED = frozenset({"timeout", "cancelled", "error"})  # finish reasons that cut an answer short
+
+
+def stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:
+    """Characters at the end of text that could still grow into a stop string (the longest such suffix)."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if stop.startswith(text[len(text) - n:]):
+                longest = n
+                break
+    return longest
+
+
 class Postprocessor:
     def __init__(self, parts: EngineParts, requests: dict[str, Request], record_logits: bool, audit: AuditLog) -> None:
         self.scheduler, self.requests, self.record_logits, self.audit = parts.scheduler, requests, record_logits, audit
@@ -81,7 +96,7 @@ class Postprocessor:
         """Send the text not yet streamed; hold back what could still become a stop string."""
         if q.shadow_of is not None:
             return  # a shadow re-run streams nothing
-        held = 0 if final else max((len(s) - 1 for s in q.sampling.stop), default=0)
+        held = 0 if final else stop_prefix_length(q.text, q.sampling.stop)
         safe = len(q.text) - held
         sent = getattr(q, "_sent", 0)
         sent_tokens = getattr(q, "_sent_tokens", 0)
@@ -95,7 +110,10 @@ class Postprocessor:
         """The question is finished: flush its text, build its Result, hand it to its request."""
         q.grammar = None  # the channel's grammar state goes with the question that held the channel
         if q.finish_reason != "stop" or not q.sampling.stop:
-            q.text += q.decoder.flush()
+            tail = q.decoder.flush()
+            # An answer cut short (timeout, cancel) may end inside a character: drop its partial bytes
+            # (they decode as U+FFFD) so the text ends at a character boundary.
+            q.text += tail.rstrip(REPLACEMENT) if q.finish_reason in ABORTED else tail
         self._emit(q, final=True)
         elapsed = ((q.finished_mono or time.monotonic()) - q.started_mono) * 1000 if q.started_mono else 0.0
         queued = ((q.started_at or q.finished_at or time.time()) - q.submitted_at) * 1000
@@ -150,7 +168,7 @@ class Postprocessor:
 
     def expire_deadlines(self) -> None:
         now = time.monotonic()
-        for q in [q for q in self.scheduler.running if now > q.deadline]:  # type: ignore[operator]
+        for q in [q for q in self.scheduler.running if q.deadline is not None and now > q.deadline]:
             self.scheduler.finish(q, "timeout", "timeout", f"timeout_ms passed after {len(q.output_ids)} tokens")
             self.complete(q)
 

@@ -47,7 +47,7 @@ class Question:
     index: int
     prompt_ids: list[int]
     sampling: SamplingParams
-    timeout_ms: int  # counted from the moment the question enters its channel
+    timeout_ms: int | None  # counted from the moment the question enters its channel; None: no deadline
     priority: int = 0
     isolation: str = "strict"
     original_text: str | None = None
@@ -89,8 +89,10 @@ class Question:
 
     @property
     def deadline(self) -> float | None:
-        """time.monotonic() after which the question times out; None while it waits for a channel."""
-        return None if self.started_mono is None else self.started_mono + self.timeout_ms / 1000
+        """time.monotonic() after which the question times out; None while it waits for a channel or without a budget."""
+        if self.started_mono is None or self.timeout_ms is None:
+            return None
+        return self.started_mono + self.timeout_ms / 1000
 
     @property
     def all_ids(self) -> list[int]:

@@ -1,8 +1,10 @@
 """Scheduler: which channels take part in the next step, and with which tokens.
 
-Questions are bound to a channel when they arrive (the router picks it) and wait in that
-channel's queue; each step an idle channel starts its queue head, highest priority first
-across channels, within max_parallel and its group's share of the slots.
+Questions are bound to a channel when they arrive (the router picks it, an idle one when its
+group has one) and wait in that channel's queue; each step an idle channel starts its queue
+head, highest priority first across channels, within max_parallel and its group's share of
+the slots. Placement stays work-conserving: a question waiting behind a busy channel moves
+to a channel of its group that has fallen idle (rerouted: true) instead of waiting beside it.
 
 Decode tokens go first (one per channel), then prefill chunks in admission order
 while the step's token budget lasts. A chunk always ends at a multiple of
@@ -55,10 +57,7 @@ class Scheduler:
 
     def add(self, question: Question) -> bool:
         """Bind the question to a channel queue; False when no channel of its group can take it."""
-        if question.arrival is None:  # first time here (the overflow FIFO and `wait` retry)
-            question.arrival = next(self._arrival)
-            if question.prefix_ids:
-                self.prefixes.register(question)
+        self._arrive(question)
         if question.shadow_of is not None:
             self.shadows.append(question)
             return True
@@ -72,12 +71,20 @@ class Scheduler:
         self.pool.enqueue(placement.channel_id, question)
         return True
 
-    def defer(self, question: Question) -> bool:
-        """Overflow policy `queue`: hold the question in the bounded FIFO; False when it is full."""
-        if len(self.overflow) >= self.limits.max_queue:
+    def defer(self, question: Question, bounded: bool = True) -> bool:
+        """Hold the question in the overflow FIFO; bounded (policy `queue`): False when max_queue are held.
+        Policy `wait` does not bound it: each question there has a caller blocked in submit()."""
+        if bounded and len(self.overflow) >= self.limits.max_queue:
             return False
+        self._arrive(question)
         self.overflow.insert(bisect.bisect(self.overflow, queue_order(question), key=queue_order), question)
         return True
+
+    def _arrive(self, question: Question) -> None:
+        if question.arrival is None:  # first time here (the overflow FIFO drains through add())
+            question.arrival = next(self._arrival)
+            if question.prefix_ids:
+                self.prefixes.register(question)
 
     def waiting(self) -> list[Question]:
         """Every question not running yet: in a channel queue or in the overflow FIFO (shadows aside)."""
@@ -131,6 +138,7 @@ class Scheduler:
         if self.shadows and not self.running and not self.waiting():
             self._start_shadow()
             return
+        self._move_to_idle()
         per_request = Counter(q.request_id for q in self.running)
         per_group = Counter(self._group(q).name for q in self.running)
         for q in sorted(self.pool.ready(), key=queue_order):
@@ -145,6 +153,18 @@ class Scheduler:
             per_request[q.request_id] += 1
             per_group[group.name] += 1
         self._drain_overflow()  # the queue heads that started left room
+
+    def _move_to_idle(self) -> None:
+        """Questions queued behind a busy channel go to idle channels of their group, first in queue order."""
+        if not any(self.pool.is_idle(c.channel_id) for c in self.pool.channels):
+            return
+        for q in sorted(self.pool.queued(), key=queue_order):
+            channel = self.pool.channels[q.channel_id]  # type: ignore[index]
+            if channel.question is None and channel.queue[0] is q:
+                continue  # it starts where it is
+            if any(self.pool.is_idle(c) for c in self._group(q).channels):  # the strategy picks which one
+                self.pool.move(q, self.router.route(q.features, self.pool).channel_id)  # type: ignore[arg-type,union-attr]
+                q.rerouted = True
 
     def _start(self, q: Question) -> None:
         self.pool.start(q)

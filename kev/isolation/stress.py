@@ -19,7 +19,7 @@ from typing import Any
 from kev.aggregator.result import Result
 from kev.config import KevConfig, load_config
 from kev.engine.engine import Engine
-from kev.errors import ConfigError
+from kev.errors import ConfigError, OverflowTimeoutError, RejectedError
 from kev.isolation.alert_log import EXPECTED_IN_SOAK, audit_target, log_size, read_alerts
 from kev.isolation.levels import accepted_levels, config_for_level
 from kev.isolation.stress_questions import StressQuestion, make_questions
@@ -170,11 +170,15 @@ class Soak:
         submitted = []
         for system in dict.fromkeys(q.system for q, _ in picked):  # one submit per system prompt
             group = [(q, m) for q, m in picked if q.system == system]
-            request_id = self.engine.submit([{"text": q.text, "max_tokens": m} for q, m in group], isolation=self.level,
-                                            system=self.submit_system(system), timeout_ms=timeout_ms)
+            try:
+                request_id = self.engine.submit([{"text": q.text, "max_tokens": m} for q, m in group],
+                                                isolation=self.level, system=self.submit_system(system),
+                                                timeout_ms=timeout_ms)
+            except (RejectedError, OverflowTimeoutError):  # the pool stayed full till the drain: nothing was left behind
+                continue
             submitted.append((request_id, group))
+            self.report.submitted += len(group)
         self.report.waves += 1
-        self.report.submitted += size
         return submitted
 
     def collect(self, outstanding: list[tuple[str, list[tuple[StressQuestion, int]]]]) -> list[tuple[str, Any]]:

@@ -34,7 +34,9 @@ def paged_attention(
     and attended with SDPA, one call per channel."""
     new_kv = torch.stack([k, v]).index_select(1, meta.token_rows)  # [2, num_tokens, kv_heads, dim]
     cache.kv.index_copy_(1, meta.slot_mapping, new_kv)
-    out = q.new_zeros(q.shape)  # contiguous even where q is a view into the fused qkv rows
+    out = q.new_empty(q.shape)  # contiguous even where q is a view into the fused qkv rows
+    if meta.padding_rows is not None:  # rows no channel owns: zeros, as every row is written below
+        out.index_fill_(0, meta.padding_rows, 0)
     batch = meta.decode_batch if decode_kernel else None
     if batch is not None:
         torch.ops.kev.decode_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.offsets, q.shape[-1] ** -0.5)

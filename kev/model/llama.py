@@ -26,9 +26,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.fused = False  # Kev's C++ row kernel (LlamaModel.use_cpu_kernels)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pending: torch.Tensor | None = None) -> torch.Tensor:
+        """pending: a layer output not yet added to the residual stream x; added here, in place."""
         if self.fused:
-            return torch.ops.kev.rms_norm(x, self.weight, self.eps)
+            if pending is None:
+                return torch.ops.kev.rms_norm(x, self.weight, self.eps)
+            return torch.ops.kev.add_rms_norm(pending, x, self.weight, self.eps)
+        if pending is not None:
+            x.add_(pending)
         # fp32 statistics, as Hugging Face does, whatever the model dtype.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -83,9 +88,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, rope: RotaryTable, meta: StepMetadata, cache: PagedKVLayer) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta, cache)
-        return x + self.mlp(self.post_attention_layernorm(x), meta.tiles)
+    def forward(self, x: torch.Tensor, pending: torch.Tensor | None, rope: RotaryTable, meta: StepMetadata,
+                cache: PagedKVLayer) -> torch.Tensor:
+        """x: the residual stream, updated in place; pending: the previous layer's MLP output, not yet added
+        (each residual add is fused into the norm that follows it). Returns this layer's MLP output."""
+        attended = self.self_attn(self.input_layernorm(x, pending), rope, meta, cache)
+        return self.mlp(self.post_attention_layernorm(x, attended), meta.tiles)
 
 
 def _as_one_tile(linear: Linear, x: torch.Tensor) -> torch.Tensor:
@@ -140,10 +148,13 @@ class LlamaModel(nn.Module):
 
     def forward(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:
         """Runs the packed step; returns fp32 logits [num_samples, vocab] for meta.sample_rows only."""
-        x = self.embed_tokens(meta.input_ids)  # [rows, hidden]
+        x = self.embed_tokens(meta.input_ids)  # [rows, hidden], the residual stream
+        pending: torch.Tensor | None = None
         for layer, cache in zip(self.layers, caches):
-            x = layer(x, self.rope, meta, cache)
+            pending = layer(x, pending, self.rope, meta, cache)
         picked = x.index_select(0, meta.sample_rows)  # [samples, hidden]
+        if pending is not None:
+            picked = picked + pending.index_select(0, meta.sample_rows)
         missing = sum(meta.sample_tiles) - picked.shape[0]
         picked = torch.cat([picked, picked.new_zeros(missing, picked.shape[1])]) if missing else picked
         return self.logits(self.norm(picked), meta.sample_tiles)[: meta.sample_rows.numel()].float()

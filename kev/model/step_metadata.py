@@ -42,6 +42,16 @@ class StepMetadata:
         return self.slot_mapping.numel()
 
     @cached_property
+    def padding_rows(self) -> torch.Tensor | None:
+        """Rows that hold no token (tile or minimum-size padding), or None."""
+        num_rows = self.input_ids.numel()
+        if num_rows == self.num_tokens:
+            return None
+        mask = torch.ones(num_rows, dtype=torch.bool, device=self.input_ids.device)
+        mask[self.token_rows] = False
+        return mask.nonzero().flatten()
+
+    @cached_property
     def decode_batch(self) -> DecodeBatch | None:
         """Every one-query span, for the in-place decode kernel (None when there is none)."""
         spans = [span for span in self.spans if span.q_len == 1]

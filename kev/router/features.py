@@ -22,6 +22,10 @@ class PoolView(Protocol):
 
     def can_take(self, channel_id: int) -> bool: ...
 
+    def is_idle(self, channel_id: int) -> bool:
+        """Nothing runs in the channel and nothing waits for it: a question placed there starts at the next step."""
+        ...
+
 
 class Strategy(Protocol):
     name: str
@@ -29,6 +33,12 @@ class Strategy(Protocol):
     def choose(self, features: QuestionFeatures, channels: Sequence[int], view: PoolView) -> int:
         """One of `channels` (the question's channel group, never empty) for this question."""
         ...
+
+
+def next_idle(channels: Sequence[int], chosen: int, view: PoolView) -> int | None:
+    """`chosen` if it is idle, else the first idle channel after it in the group's order (wrapping); None: all busy."""
+    n, start = len(channels), channels.index(chosen)
+    return next((channels[(start + i) % n] for i in range(n) if view.is_idle(channels[(start + i) % n])), None)
 
 
 def least_loaded(channels: Sequence[int], view: PoolView, start: int = 0) -> int:

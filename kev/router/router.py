@@ -1,9 +1,12 @@
 """Router: the entry gateway. Normalizes a question, describes it, and binds it to a channel.
 
-route() is the whole policy: the channel group (category × length tier), the strategy's
-pick inside it, the breaker's redirect, and a spill to the least-loaded channel with room
-when the pick's queue is full. None means no channel of the group can take the question,
-and the caller applies router.overflow_policy.
+route() is the whole policy. Placement is work-conserving: within the question's channel
+group (category × length tier) the strategy's pick takes it if that channel is idle, else
+the next idle channel of the group does (in strict a channel carries nothing from one
+question to the next, so waiting for a busy one buys nothing). Only when every channel of
+the group is busy may it wait in a channel's own queue (router.channel_queue_depth > 0):
+the breaker's redirect, then the pick, then the least-loaded channel with room. None means
+no channel of the group can take it, and the caller applies router.overflow_policy.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from kev.config.schema import RouterConfig
 from kev.router.breaker import Breaker
 from kev.router.categories import CategoryMatcher
 from kev.router.consistent_hash import ConsistentHash
-from kev.router.features import PoolView, QuestionFeatures, Strategy, least_loaded
+from kev.router.features import PoolView, QuestionFeatures, Strategy, least_loaded, next_idle
 from kev.router.layout import ChannelGroup, ChannelLayout
 from kev.router.length_aware import LengthAware, tier_of
 from kev.router.normalize import Normalizer
@@ -24,7 +27,7 @@ from kev.router.semantic import Encoder, SemanticHash, SimHasher
 @dataclass(frozen=True)
 class Placement:
     channel_id: int
-    rerouted: bool  # the breaker or a full queue moved it off the strategy's pick
+    rerouted: bool  # moved off the strategy's pick (to an idle channel, by the breaker, or off a full queue)
 
 
 def make_strategy(config: RouterConfig) -> Strategy:
@@ -62,6 +65,9 @@ class Router:
     def route(self, features: QuestionFeatures, view: PoolView) -> Placement | None:
         channels = self.group_for(features).channels
         chosen = self.strategy.choose(features, channels, view)
+        idle = next_idle(channels, chosen, view)
+        if idle is not None:
+            return Placement(idle, rerouted=idle != chosen)
         target = self.breaker.redirect(chosen, channels, view)
         if not view.can_take(target):
             open_channels = [c for c in channels if view.can_take(c)]

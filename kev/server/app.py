@@ -69,6 +69,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     _document_served_model(app, service.model_name)
     # An uploaded file may be as large as batch.max_file_bytes; the route checks its exact size.
     app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key, max_body_bytes=config.server.max_body_bytes,
+                       body_timeout_s=config.server.body_timeout_s,
                        path_limits={"/v1/files": (config.batch.max_file_bytes, "batch.max_file_bytes")})
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: counts the gate's refusals too
     return app

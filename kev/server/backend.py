@@ -25,6 +25,11 @@ class Backend(Protocol):
         """Why new work is refused right now (HTTP 503), or None."""
         ...
 
+    @property
+    def degraded(self) -> str | None:
+        """A service on the request path is down, so readiness fails, though new work still waits for it; or None."""
+        ...
+
     def start(self) -> None:
         """On the event loop, once: begin whatever runs in the background (connections)."""
         ...
@@ -63,6 +68,10 @@ class Backend(Protocol):
         ...
 
     async def refresh_metrics(self) -> None: ...
+
+    async def cancel_unfinished(self) -> int:
+        """Cancel every unfinished question (each caller gets its cancelled results); returns how many requests."""
+        ...
 
     async def shutdown(self) -> int:
         """Cancel what is unfinished and let go of everything; returns how many requests were cancelled."""

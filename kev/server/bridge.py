@@ -30,6 +30,7 @@ T = TypeVar("T")
 
 class EngineBridge:
     unavailable: str | None = None  # a local engine, once loaded, always takes work
+    degraded: str | None = None  # and needs nothing else
 
     def __init__(self, engine: Engine, metrics: ServerMetrics, max_threads: int) -> None:
         self.engine, self.metrics = engine, metrics
@@ -123,9 +124,12 @@ class EngineBridge:
             self.metrics.observe_result(result)
             watch.post(StreamEvent(result.index, result.channel_id, "", [], True, result))  # its status counts
 
+    async def cancel_unfinished(self) -> int:
+        return await self.run(_cancel_all, self.engine)
+
     async def shutdown(self) -> int:
         """Cancel whatever still runs (including requests whose caller left), close the engine; returns how many."""
-        unfinished = await self.run(_cancel_all, self.engine)
+        unfinished = await self.cancel_unfinished()
         await self.run(self.engine.close)
         self.pool.shutdown(wait=False, cancel_futures=True)
         return unfinished

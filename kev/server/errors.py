@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,7 +24,7 @@ log = logging.getLogger("kev.server")
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 # Union branch labels pydantic puts in an error's location; they are not part of the caller's JSON path.
 UNION_TAGS = frozenset({"as_string", "as_messages", "as_object", "str", "int", "float", "bool", "list", "dict"})
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 408: "timeout", 403: "permission_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "request_too_large", 415: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
@@ -99,12 +100,33 @@ def install_handlers(app: FastAPI) -> None:
         field = "body" if err.status_code == 400 else ("path" if err.status_code == 404 else "method")
         detail = err.detail if isinstance(err.detail, str) else json.dumps(err.detail)
         message = f"{request.method} {request.url.path}: {detail}" if err.status_code in (404, 405) else f"body: {detail}"
-        return error_response(ApiError(err.status_code, message, field, headers=getattr(err, "headers", None)))
+        headers = getattr(err, "headers", None)
+        if err.status_code == 405:  # Starlette names the methods of the first matching route only
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(app, request.url.path))}
+        return error_response(ApiError(err.status_code, message, field, headers=headers))
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, err: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse(error_body(500, f"internal error: {type(err).__name__}", None), 500)
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method some route serves at this path (GET /v1/requests/{id} and DELETE are two routes)."""
+    methods: set[str] = set()
+    for route in _leaf_routes(app.router.routes):
+        if route.path_regex.match(path):
+            methods |= route.methods or set()
+    return sorted(methods)
+
+
+def _leaf_routes(routes: list[Any]) -> Iterator[Any]:
+    for route in routes:
+        inner = getattr(getattr(route, "original_router", None), "routes", None) or getattr(route, "routes", None)
+        if inner is not None:
+            yield from _leaf_routes(inner)
+        elif hasattr(route, "path_regex"):
+            yield route
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:

@@ -5,7 +5,11 @@ disconnects pass through untouched.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
+import re
+import sys
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -15,18 +19,19 @@ from kev.server.errors import error_body
 from kev.server.metrics import ServerMetrics
 from kev.server.playground import PAGE_PATHS
 
-# Liveness probes carry no key; nor does loading the playground page, which holds no secret (its API calls do).
-OPEN_PATHS = frozenset({"/healthz", *PAGE_PATHS})
+# Liveness and readiness probes carry no key (/health, as in vLLM and llama.cpp); nor does loading the
+# playground page, which holds no secret (its API calls do).
+OPEN_PATHS = frozenset({"/healthz", "/health", *PAGE_PATHS})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 UPLOAD_ENVELOPE = 64 << 10  # multipart boundaries and part headers around an uploaded file
 
 
 class GateMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int,
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout_s: float = 30.0,
                  path_limits: dict[str, tuple[int, str]] | None = None) -> None:
         """path_limits: path -> (limit, the config key it comes from) for uploads: their body may hold that many
         bytes of file plus UPLOAD_ENVELOPE of multipart framing (the route checks the file's own size)."""
-        self.app, self.max_body_bytes = app, max_body_bytes
+        self.app, self.max_body_bytes, self.body_timeout_s = app, max_body_bytes, body_timeout_s
         self.path_limits = path_limits or {}
         self.api_key = api_key.encode() if api_key else None
 
@@ -46,16 +51,24 @@ class GateMiddleware:
             return await _refuse(scope, receive, send, 413, _too_large(int(declared), limit, key), "body")
         body = bytearray()
         more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > allowed:
-                return await _refuse(scope, receive, send, 413, _too_large(len(body), limit, key), "body")
+        try:
+            async with asyncio.timeout(self.body_timeout_s):  # a client that stalls mid-body
+                while more:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    body += message.get("body", b"")
+                    more = message.get("more_body", False)
+                    if len(body) > allowed:
+                        return await _refuse(scope, receive, send, 413, _too_large(len(body), limit, key), "body")
+        except TimeoutError:
+            return await _refuse(scope, receive, send, 408, f"body: not complete within server.body_timeout_s="
+                                 f"{self.body_timeout_s:g}", "body", {"Connection": "close"})
         if _is_json(headers) and not _is_utf8(bytes(body)):
             return await _refuse(scope, receive, send, 400, "body: is not valid UTF-8", "body")
+        if _is_json(headers) and (huge := huge_integer(bytes(body))) is not None:
+            path, digits = huge
+            return await _refuse(scope, receive, send, 422, f"{path}: an integer of {digits} digits is out of range", path)
         await self.app(scope, _replay(bytes(body), receive), send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
@@ -98,6 +111,31 @@ def _headers(scope: Scope) -> dict[str, str]:
 def _is_json(headers: dict[str, str]) -> bool:
     content_type = headers.get("content-type", "application/json").split(";")[0].strip().lower()
     return content_type == "application/json" or content_type.endswith("+json")
+
+
+class _Huge:
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def huge_integer(body: bytes) -> tuple[str, int] | None:
+    """(JSON path, digits) of the first integer too long for Python's JSON parser, which would otherwise
+    refuse the whole body without naming the field; None if there is none (or the JSON is broken anyway)."""
+    limit = sys.get_int_max_str_digits() or 0
+    if not limit or not re.search(rb"\d{%d}" % (limit + 1), body):
+        return None
+    try:
+        value = json.loads(body, parse_int=lambda s: _Huge(len(s.lstrip("-"))) if len(s) > limit else int(s))
+    except ValueError:
+        return None
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop(0)
+        if isinstance(item, _Huge):
+            return path or "body", item.digits
+        children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        stack += [(f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else k), v) for k, v in children]
+    return None
 
 
 def _is_utf8(data: bytes) -> bool:

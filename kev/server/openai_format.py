@@ -122,6 +122,7 @@ def best_of(results: list[Result], candidates: int, keep: int) -> list[Result]:
     return chosen
 
 
-def finish_reason(result: Result) -> Literal["stop", "length"]:
-    """OpenAI knows stop and length; a timeout or cancel also cut the answer short."""
-    return "stop" if result.finish_reason == "stop" else "length"
+def finish_reason(result: Result) -> Literal["stop", "length", "timeout", "cancelled"]:
+    """OpenAI knows stop and length; an answer a deadline or a cancel cut short says so (non-standard values)."""
+    reason = result.finish_reason
+    return reason if reason in ("stop", "length", "timeout", "cancelled") else "stop"  # type: ignore[return-value]

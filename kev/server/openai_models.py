@@ -198,7 +198,8 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-FinishReason = Literal["stop", "length"]
+# "timeout" and "cancelled" are Kev's own (not OpenAI's): an answer cut short is never reported as "length".
+FinishReason = Literal["stop", "length", "timeout", "cancelled"]
 
 
 class ChatMessageOut(BaseModel):

@@ -26,8 +26,10 @@ _QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
 _TOKEN_INDEX = re.compile(r"^queries\[\d+\]\.prompt_ids\[(\d+)\]: ")
 
 
-@router.get("/v1/models", response_model=ModelList, responses=error_responses(401), summary="The one model served")
+@router.get("/v1/models", response_model=ModelList, responses=error_responses(401, 503),
+            summary="The one model served (503 + Retry-After while it loads)")
 async def models(service: KevService = Depends(get_service)) -> ModelList:
+    service.loaded_backend()
     return ModelList(data=[ModelCard(id=service.model_name, created=int(service.started_at))])
 
 

@@ -1,4 +1,6 @@
-"""Operations: /healthz (alive), /readyz (backend ready), /v1/channels (live channel table), /v1/stats (recent
+"""Operations: /healthz (liveness: the process answers, from the first second), /health and /readyz
+(readiness: the model is loaded and every service a request needs is up; 503 + Retry-After until then,
+as llama.cpp's /health), /v1/channels (live channel table), /v1/stats (recent
 engine steps), /metrics (Prometheus)."""
 from __future__ import annotations
 
@@ -25,15 +27,23 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health, "description": "not ready"},
                                                           **error_responses(401)},
-            summary="The model is loaded and the server takes requests")
+            summary="Readiness: the model is loaded and the server takes requests (503 + Retry-After until then)")
 async def readyz(service: KevService = Depends(get_service)) -> JSONResponse:
     if service.is_ready:
         return JSONResponse(Health(status="ready", model=service.model_name).model_dump())
     backend = service.backend
     state = ("draining" if service.is_draining else "failed" if service.load_error else "loading" if backend is None
              else "unavailable")
-    detail = service.load_error or (backend.unavailable if backend is not None else None)
-    return JSONResponse(Health(status=state, model=service.model_name, detail=detail).model_dump(), 503)
+    detail = service.load_error or (service.not_ready_because() if backend is not None else None)
+    return JSONResponse(Health(status=state, model=service.model_name, detail=detail).model_dump(), 503,
+                        headers=service.retry_after)
+
+
+@router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "not ready"},
+                                                          **error_responses(401)},
+            summary="Readiness, at the path vLLM and llama.cpp users probe: the same answer as /readyz")
+async def health(service: KevService = Depends(get_service)) -> JSONResponse:
+    return await readyz(service)
 
 
 @router.get("/v1/channels", response_model=ChannelsResponse, responses=error_responses(401, 503),

@@ -24,6 +24,12 @@ class ServerConfig(BaseModel):
     # Requests answered or streamed at once; one more is a 429 (each holds one watcher thread).
     max_inflight_requests: int = Field(256, ge=1)
     retry_after_s: int = Field(1, ge=1)  # the Retry-After a 429/503 suggests
+    # Slow clients: request headers, then the body, must arrive within these (else 408, connection closed);
+    # connections beyond max_connections get a 503; an idle keep-alive connection closes after keep_alive_s.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
+    max_connections: int = Field(512, ge=1)
+    keep_alive_s: float = Field(5.0, gt=0)
     shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: in-flight requests may finish this long, then are cancelled
     access_log: bool = True  # one INFO line per request (id, questions, statuses, latency) on logger kev.access
     stats_interval_s: float = Field(10.0, ge=0)  # a throughput / queue / KV usage line this often while busy; 0: never

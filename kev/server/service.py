@@ -49,16 +49,39 @@ class KevService:
 
     @property
     def is_ready(self) -> bool:
-        return self.backend is not None and not self.is_draining and self.backend.unavailable is None
+        return self.backend is not None and not self.is_draining and self.not_ready_because() is None
+
+    def not_ready_because(self) -> str | None:
+        """Why the loaded backend is not ready: it refuses work, or a service on the request path is down."""
+        if self.backend is None:
+            return None
+        return self.backend.unavailable or self.backend.degraded
 
     def ready_backend(self) -> Backend:
-        """The backend, or a 503 saying why there is none to use now."""
+        """The backend for new work, or a 503 (with Retry-After) saying why there is none to use now."""
+        backend = self.loaded_backend()
+        if self.is_draining:
+            raise ApiError(503, "server is shutting down", None, headers=self.retry_after)
+        return backend
+
+    def loaded_backend(self) -> Backend:
+        """The backend for work already accepted (it stays readable while the server drains)."""
         if self.backend is None:
             detail = f"model failed to load: {self.load_error}" if self.load_error else "model is still loading"
             raise ApiError(503, detail, None, headers=self.retry_after)
-        if self.is_draining:
-            raise ApiError(503, "server is shutting down", None, headers=self.retry_after)
         return self.backend
+
+    @property
+    def is_loading(self) -> bool:
+        return self.backend is None and self.load_error is None
+
+    async def cancel_unfinished(self) -> None:
+        """Draining, the grace period is over: every unfinished question ends as cancelled, and each caller
+        still gets its answer (JSON results / a final SSE event per question with status cancelled)."""
+        self.is_draining = True
+        if self.backend is not None:
+            unfinished = await self.backend.cancel_unfinished()
+            log.info("shutdown: cancelled %d unfinished request(s)", unfinished)
 
     async def shutdown(self) -> None:
         """Cancel whatever is still running, then let the backend go (an engine's loop thread ends)."""
@@ -66,7 +89,8 @@ class KevService:
         if self.backend is None:
             return
         unfinished = await self.backend.shutdown()
-        log.info("shutdown: cancelled %d unfinished request(s)", unfinished)
+        if unfinished:
+            log.info("shutdown: cancelled %d unfinished request(s)", unfinished)
 
     # --- requests ------------------------------------------------------------
     async def submit(self, queries: list[Any], options: dict[str, Any], api: str, listen: bool = False,
@@ -122,10 +146,10 @@ class KevService:
         return self.ready_backend().tokenizer
 
     async def results(self, request_id: str) -> list[Result]:
-        return await self.ready_backend().results(request_id)
+        return await self.loaded_backend().results(request_id)
 
     async def cancel(self, tracked: Tracked) -> None:
-        backend = self.ready_backend()
+        backend = self.loaded_backend()
         tracked.cancelled = not tracked.is_done
         await backend.cancel(tracked.request_id)
 

@@ -2,6 +2,7 @@
 no worker at all (the aggregator's deadline placeholder). Each answer still equals its single-mode answer."""
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -57,17 +58,57 @@ def test_a_killed_workers_questions_are_answered_once_by_the_others(cluster: Clu
     cluster.wait_workers(client, {"worker0", "worker1"})
 
 
+@pytest.mark.slow
+def test_a_killed_workers_questions_are_served_first_under_load(cluster: Cluster, client: httpx.Client) -> None:
+    """Issue 13, point 3: the survivor keeps getting new work on its own partition, yet the dead worker's
+    redelivered questions (the oldest work) come first: answered soon after the ack wait, no placeholder."""
+    stop, outcomes = threading.Event(), []
+
+    def keep_asking() -> None:
+        with httpx.Client(base_url=client.base_url, timeout=300) as own:
+            while not stop.is_set():
+                outcomes.append(own.post("/v1/query", json={"queries": ["Say a word."], "max_tokens": 8}))
+
+    load = [threading.Thread(target=keep_asking, daemon=True) for _ in range(32)]  # more than worker0 runs at once
+    for thread in load:
+        thread.start()
+    try:
+        accepted = client.post("/v1/requests", json={"queries": QUESTIONS[:8], "max_tokens": 16}).json()
+        held = wait_until(lambda: held_by(client, "worker1", accepted["request_id"]), 120)
+        cluster.roles["worker1"].kill()
+        killed = time.monotonic()
+        status = wait_until(lambda: (s := client.get(accepted["location"]).json())["status"] == "done" and s, 240)
+        recovered_s = time.monotonic() - killed
+    finally:
+        stop.set()
+        for thread in load:
+            thread.join(300)
+    results = status["results"]
+    assert [r["status"] for r in results] == ["ok"] * 8, "no placeholder, no timeout"
+    assert all(results[i]["worker"] == "worker0" for i in held)
+    ack_wait_s = cluster.config["deploy"]["ack_wait_s"]
+    print(f"\nworker1 killed holding {sorted(held)}: all 8 answered {recovered_s:.1f} s later (ack_wait_s {ack_wait_s}); "
+          f"{len(outcomes)} load requests meanwhile, all 200 ok")
+    assert recovered_s < ack_wait_s + 60, f"worker1's questions took {recovered_s:.1f}s after the kill"
+    assert outcomes and all(r.status_code == 200 and r.json()["results"][0]["status"] == "ok" for r in outcomes)
+    cluster.start_worker(1)
+    cluster.wait_workers(client, {"worker0", "worker1"})
+
+
 def test_answers_wait_in_jetstream_while_the_aggregator_restarts(cluster: Cluster, client: httpx.Client,
                                                                 reference: Callable[..., list]) -> None:
     body = {"queries": QUESTIONS[:8], "max_tokens": 4}
     expected = reference(**body)
     cluster.roles["aggregator"].kill()
     accepted = client.post("/v1/requests", json=body).json()
+    not_ready = wait_until(lambda: (r := client.get("/readyz")).status_code == 503 and r, 60)  # issue 13, point 6
+    assert "aggregator" in not_ready.json()["detail"] and "Retry-After" in not_ready.headers
     time.sleep(1.0)
     wait_until(lambda: backlog(client) == 0 and (time.sleep(0.6) or backlog(client) == 0), 120)
     assert client.get(accepted["location"]).json()["num_finished"] == 0, "answers wait for an aggregator"
     cluster.start_aggregator()
     status = wait_until(lambda: (s := client.get(accepted["location"]).json())["status"] == "done" and s, 120)
+    wait_until(lambda: client.get("/readyz").status_code == 200, 60)
     same_as_single(status["results"], expected)
 
 

@@ -32,19 +32,35 @@ def running_indices(s: Scheduler) -> list[int]:
     return sorted(q.index for q in s.running)
 
 
-def test_a_bound_question_waits_for_its_channel_even_when_others_are_idle():
+def test_same_bucket_questions_start_together_in_idle_channels():
     s = make_scheduler(strategy="semantic_hash")
     qs = [question(i, bucket=5) for i in range(3)]
     assert all(s.add(q) for q in qs)
     s.schedule()
-    assert running_indices(s) == [0] and {q.channel_id for q in qs} == {5 % 4}
-    s.finish(qs[0], "stop")
+    assert running_indices(s) == [0, 1, 2]  # never one behind the other while channels are idle
+    assert [q.channel_id for q in qs] == [1, 2, 3] and [q.rerouted for q in qs] == [False, True, True]
+
+
+def test_a_queued_question_moves_to_a_channel_that_falls_idle():
+    s = make_scheduler(strategy="semantic_hash", channel_queue_depth=4)
+    qs = [question(i, bucket=5) for i in range(6)]  # 4 fill the pool, 2 queue behind channel 1
+    assert all(s.add(q) for q in qs)
     s.schedule()
-    assert running_indices(s) == [1]
+    assert running_indices(s) == [0, 1, 2, 3] and [q.channel_id for q in qs[4:]] == [1, 1]
+    s.finish(qs[2], "stop")  # channel 3 falls idle while channel 1 is still busy
+    s.schedule()
+    assert running_indices(s) == [0, 1, 3, 4] and qs[4].channel_id == 3 and qs[4].rerouted
+    assert qs[5].channel_id == 1  # no other channel idle: it waits
+
+
+def test_no_channel_queue_by_default_so_a_busy_group_overflows():
+    s = make_scheduler(strategy="semantic_hash", channel_pool_size=2, max_parallel_queries=2)
+    qs = [question(i) for i in range(3)]
+    assert [s.add(q) for q in qs] == [True, True, False]  # the third waits for nobody: overflow_policy decides
 
 
 def test_higher_priority_starts_first_within_and_across_channels():
-    s = make_scheduler(strategy="round_robin", channel_pool_size=2, max_parallel_queries=1)
+    s = make_scheduler(strategy="round_robin", channel_pool_size=2, max_parallel_queries=1, channel_queue_depth=4)
     qs = [question(i, priority=p) for i, p in enumerate([0, 1, 5, 3, 5])]
     for q in qs:
         s.add(q)

@@ -19,7 +19,15 @@ class FakePool:
         return self.queued[channel_id]
 
     def can_take(self, channel_id: int) -> bool:
-        return self.queued[channel_id] < self.queue_depth
+        return self.is_idle(channel_id) or self.queued[channel_id] < self.queue_depth
+
+    def is_idle(self, channel_id: int) -> bool:
+        return self.load(channel_id) == 0
+
+    @classmethod
+    def busy(cls, size: int, **kwargs: object) -> FakePool:
+        """Every channel runs a question: what a strategy prefers shows, nothing is idle to take it."""
+        return cls(size, running=set(range(size)), **kwargs)  # type: ignore[arg-type]
 
     def loads(self) -> list[int]:
         return [self.load(c) for c in range(self.size)]

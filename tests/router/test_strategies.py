@@ -27,14 +27,39 @@ def place(r: Router, pool: FakePool, features: QuestionFeatures) -> int:
 
 
 def test_round_robin_cycles_through_the_pool():
-    r, pool = router(strategy="round_robin"), FakePool(8)
+    r, pool = router(strategy="round_robin"), FakePool.busy(8)
     assert [place(r, pool, QuestionFeatures(10, 3)) for _ in range(16)] == list(range(8)) * 2
 
 
-def test_semantic_hash_same_bucket_same_channel_whatever_the_load():
-    r, pool = router(strategy="semantic_hash"), FakePool(8)
+def test_semantic_hash_same_bucket_same_channel_when_every_channel_is_busy():
+    r, pool = router(strategy="semantic_hash"), FakePool.busy(8)
     channels = {place(r, pool, QuestionFeatures(10, 42)) for _ in range(20)}
     assert channels == {42 % 8}
+
+
+@pytest.mark.parametrize("strategy", ["semantic_hash", "consistent_hash", "round_robin", "length_aware"])
+def test_placement_is_work_conserving(strategy):
+    """Identical questions (n > 1 samples) never queue behind each other while a channel is idle."""
+    r, pool = router(strategy=strategy, length_tiers=()), FakePool(8)
+    placements = []
+    for _ in range(8):
+        placement = r.route(QuestionFeatures(10, 42), pool)
+        pool.running.add(placement.channel_id)
+        placements.append(placement)
+    assert sorted(p.channel_id for p in placements) == list(range(8))  # one idle channel each
+    if strategy == "semantic_hash":  # the bucket's own channel first, then the next idle ones, marked as moved
+        assert [p.channel_id for p in placements] == [(42 + i) % 8 for i in range(8)]
+        assert [p.rerouted for p in placements] == [False] + [True] * 7
+    ninth = r.route(QuestionFeatures(10, 42), pool)
+    assert ninth.channel_id in range(8) and pool.queue_length(ninth.channel_id) == 0  # all busy: it may queue now
+
+
+def test_an_idle_channel_outside_the_group_is_not_taken():
+    r = router(strategy="semantic_hash", categories={"refund": ["refund"]})
+    groups = {g.name: g.channels for g in r.layout.groups}
+    pool = FakePool(8, running=set(groups["refund"]), queue_depth=0)
+    assert r.route(QuestionFeatures(5, 1, "refund"), pool) is None  # its group is busy: overflow
+    assert r.route(QuestionFeatures(5, 1, "other"), pool).channel_id in groups["other"]
 
 
 def test_text_hash_fallback_without_encoder_is_stable():
@@ -101,14 +126,14 @@ def test_categories_route_before_hashing():
 
 
 def test_breaker_sends_work_off_a_long_queue_and_says_so():
-    r, pool = router(strategy="semantic_hash", breaker_threshold=2), FakePool(8)
+    r, pool = router(strategy="semantic_hash", breaker_threshold=2), FakePool.busy(8)
     first, second = r.route(QuestionFeatures(10, 3), pool), None
     pool.queued[3] += 1
     second = r.route(QuestionFeatures(10, 3), pool)
     pool.queued[3] += 1
     third = r.route(QuestionFeatures(10, 3), pool)  # channel 3's queue is at the threshold now
     assert (first.channel_id, second.channel_id) == (3, 3) and not (first.rerouted or second.rerouted)
-    assert third.channel_id != 3 and third.rerouted and pool.load(third.channel_id) == 0
+    assert third.channel_id != 3 and third.rerouted and pool.queue_length(third.channel_id) == 0
 
 
 def test_breaker_keeps_the_pick_when_nothing_is_lighter():
@@ -119,7 +144,7 @@ def test_breaker_keeps_the_pick_when_nothing_is_lighter():
 
 
 def test_full_queue_spills_then_overflows():
-    r, pool = router(pool_size=4, strategy="semantic_hash", channel_queue_depth=2), FakePool(4, queue_depth=2)
+    r, pool = router(pool_size=4, strategy="semantic_hash", channel_queue_depth=2), FakePool.busy(4, queue_depth=2)
     outcomes = []
     for _ in range(9):
         placement = r.route(QuestionFeatures(10, 1), pool)
@@ -128,4 +153,4 @@ def test_full_queue_spills_then_overflows():
             pool.queued[placement.channel_id] += 1
     assert [p.channel_id for p in outcomes[:2]] == [1, 1]
     assert all(p.rerouted for p in outcomes[2:8]) and outcomes[8] is None  # 4 channels × depth 2 = 8
-    assert pool.loads() == [2, 2, 2, 2]
+    assert [pool.queue_length(c) for c in range(4)] == [2, 2, 2, 2]

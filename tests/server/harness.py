@@ -40,8 +40,10 @@ class ServerProcess:
     def log_path(self) -> Path:
         return self.workdir / "server.log"
 
-    def start(self, timeout: float = 120.0) -> ServerProcess:
-        """Port 0 lets the OS pick a free port; we read the real one from uvicorn's log line."""
+    def start(self, timeout: float = 120.0, ready: bool = True) -> ServerProcess:
+        """Port 0 lets the OS pick a free port; we read the real one from uvicorn's log line.
+
+        ready=False returns as soon as the server listens, while its model may still load."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_path = self.workdir / "kev.yaml"
         # Uploaded files and batches stay in the test's folder unless the test names a batch.dir.
@@ -59,7 +61,7 @@ class ServerProcess:
                 raise RuntimeError(f"kev serve exited with {self.proc.returncode}:\n{self.log()}")
             if not self.port and (match := _LISTENING.search(self.log())):
                 self.port = int(match.group(1))
-            if self.port and self._is_ready():
+            if self.port and (not ready or self._is_ready()):
                 return self
             time.sleep(0.2)
         self.kill()

@@ -5,6 +5,7 @@ the engine is batch-invariant, so text and token ids must match exactly. Nothing
 lost or duplicated and nothing may answer 5xx. Bounded: it stops by itself.
 
     python tests/server/load_driver.py --write bench/results/load_test.md
+    python tests/server/load_driver.py --defaults --write bench/results/load_test_defaults.md   # kev.yaml as shipped
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class LoadReport:
     seen: Counter[tuple[str, int]] = field(default_factory=Counter)  # (request_id, index) -> times answered
     expected: int = 0  # questions sent in requests that were answered 200
     load_samples: list[float] = field(default_factory=list)  # 1-minute load average every 5 s
+    truncated: int = 0  # answers cut short: status other than ok (timeout, cancelled, error)
+    finish_reasons: Counter[str] = field(default_factory=Counter)
 
     @property
     def lost(self) -> int:
@@ -117,6 +120,8 @@ def _check(report: LoadReport, questions: list[str], body: dict[str, Any], solo:
             continue
         report.questions += 1
         report.completion_tokens += result["completion_tokens"]
+        report.finish_reasons[result["finish_reason"]] += 1
+        report.truncated += result["status"] != "ok"
         reference = solo[questions[result["index"]]]
         if (result["token_ids"], result["text"]) != (reference["token_ids"], reference["text"]):
             report.mismatches.append(f"{body['request_id']}#{result['index']}: {result['text']!r} != solo {reference['text']!r}")
@@ -130,11 +135,11 @@ async def measure(url: str, headers: dict[str, str], clients: int, requests_per_
         return await asyncio.wait_for(run_load(client, solo, clients, requests_per_client, max_tokens), budget_s)
 
 
-def machine() -> str:
+def machine(precision: str) -> str:
     memory_kib = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
                           if line.startswith("MemTotal")).split()[1])
     return (f"{os.cpu_count()} CPU cores, {memory_kib / 2**20:.0f} GiB RAM, no GPU; Python {platform.python_version()}, "
-            f"torch {importlib.metadata.version('torch')} (CPU), fp32, default model smollm2-135m-instruct")
+            f"torch {importlib.metadata.version('torch')} (CPU), {precision}, default model smollm2-135m-instruct")
 
 
 def server_cpu_s(pid: int) -> float:
@@ -147,7 +152,10 @@ def markdown(report: LoadReport, max_tokens: int, requests_per_client: int, peak
     rows = [("clients (concurrent)", report.clients), ("requests", f"{report.requests} ({requests_per_client} per client, 1-2 questions each)"),
             ("questions answered", report.questions), ("max_tokens (greedy)", max_tokens),
             ("HTTP statuses", statuses), ("lost / duplicated answers", f"{report.lost} / {report.duplicated}"),
-            ("answers different from solo", len(report.mismatches)), ("wall time", f"{report.wall_s:.1f} s"),
+            ("answers different from solo", len(report.mismatches)),
+            ("answers cut short (timeout / cancelled / error)", report.truncated),
+            ("finish reasons", ", ".join(f"{k}: {v}" for k, v in sorted(report.finish_reasons.items()))),
+            ("wall time", f"{report.wall_s:.1f} s"),
             ("throughput", f"{report.requests / report.wall_s:.2f} requests/s, {report.questions / report.wall_s:.2f} "
                            f"questions/s, {report.completion_tokens / report.wall_s:.1f} completion tokens/s"),
             ("request latency p50 / p99", f"{report.percentile_ms(0.5) / 1000:.2f} s / {report.percentile_ms(0.99) / 1000:.2f} s"),
@@ -168,8 +176,10 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--budget", type=float, default=1200.0, help="seconds before the run gives up")
     parser.add_argument("--write", type=Path, help="write the markdown report here")
+    parser.add_argument("--defaults", action="store_true", help="serve with the shipped defaults (an empty kev.yaml)")
     args = parser.parse_args()
-    server = ServerProcess(SERVER_CONFIG, Path(tempfile.mkdtemp(prefix="kev-load-"))).start()
+    config = {} if args.defaults else SERVER_CONFIG
+    server = ServerProcess(config, Path(tempfile.mkdtemp(prefix="kev-load-"))).start()
     try:
         cpu_before = server_cpu_s(server.proc.pid)  # type: ignore[union-attr]
         report = asyncio.run(measure(server.url, server.headers, args.clients, args.requests, args.max_tokens, args.budget))
@@ -178,13 +188,17 @@ def main() -> int:
     finally:
         code = server.terminate()
     table = markdown(report, args.max_tokens, args.requests, peak, cpu)
-    text = (f"# kev serve load test\n\nMachine: {machine()}.\n\nRecipe: `python tests/server/load_driver.py "
-            f"--clients {args.clients} --requests {args.requests} --max-tokens {args.max_tokens}` "
-            f"(server config: `{SERVER_CONFIG}`; exit code on SIGTERM: {code}).\n\n{table}")
+    from kev.config import load_config
+
+    precision = load_config(config).core.resolved_precision
+    text = (f"# kev serve load test\n\nMachine: {machine(precision)}.\n\nRecipe: `python tests/server/load_driver.py "
+            f"--clients {args.clients} --requests {args.requests} --max-tokens {args.max_tokens}"
+            f"{' --defaults' if args.defaults else ''}` (server config: `{config}`; exit code on SIGTERM: {code}).\n\n{table}")
     print(text)
     if args.write:
         args.write.write_text(text)
-    return 0 if not report.mismatches and report.lost == report.duplicated == 0 and set(report.statuses) == {200} else 1
+    return 0 if (not report.mismatches and report.lost == report.duplicated == report.truncated == 0
+                 and set(report.statuses) == {200}) else 1
 
 
 if __name__ == "__main__":

@@ -116,3 +116,16 @@ def test_errors_are_openai_errors(client: openai.OpenAI) -> None:
     assert invalid.value.body["field"] == "messages[0].role"
     with pytest.raises(openai.AuthenticationError):
         client.with_options(api_key="wrong").models.list()
+
+
+def test_a_timed_out_answer_says_timeout_not_length(client: openai.OpenAI) -> None:
+    """Issue 13: a deadline that fires keeps the partial text and says so (non-standard "timeout")."""
+    messages = [{"role": "user", "content": "Write a long story about the sea."}]
+    completion = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=200, temperature=0,
+                                                extra_body={"timeout_ms": 1})
+    assert completion.choices[0].finish_reason == "timeout"
+    assert 0 < completion.usage.completion_tokens < 200
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=200, temperature=0,
+                                                 stream=True, extra_body={"timeout_ms": 1}))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["timeout"]
+    assert "\ufffd" not in completion.choices[0].message.content

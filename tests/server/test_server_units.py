@@ -156,7 +156,15 @@ def test_openai_usage_counts_each_prompt_once() -> None:
                for i in range(4)]
     usage = Reply("text", "cmpl-r", 0, "m", n=2).usage(results)
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (21, 12, 33)
-    assert [finish_reason(r) for r in results] == ["length", "stop", "stop", "stop"]
+    assert [finish_reason(r) for r in results] == ["timeout", "stop", "stop", "stop"]
+
+
+@pytest.mark.parametrize("reason", ["stop", "length", "timeout", "cancelled"])
+def test_openai_finish_reason_never_calls_a_cut_answer_length(reason: str) -> None:
+    result = Result("r", 0, text="partial", finish_reason=reason)  # type: ignore[arg-type]
+    assert finish_reason(result) == reason
+    chunk = Reply("chat", "chatcmpl-r", 0, "m", 1).response([result]).model_dump()
+    assert chunk["choices"][0]["finish_reason"] == reason and chunk["choices"][0]["message"]["content"] == "partial"
 
 
 def test_sse_frames_one_line_of_json() -> None:

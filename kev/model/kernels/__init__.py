@@ -21,7 +21,7 @@ _loaded: dict[str, bool] = {}
 
 def build_dir(cache: Path) -> Path:
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in sorted(Path(__file__).parent.glob("*.[ch]*")):  # sources and the header they share
         digest.update(source.read_bytes())
     digest.update(" ".join(FLAGS + [torch.__version__]).encode())
     return cache / "kernels" / digest.hexdigest()[:16]

@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #endif
 
+#include "vec_math.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,24 +31,6 @@ inline float load(const at::BFloat16* p, int64_t i) {
 }
 inline float load(const at::Half* p, int64_t i) { return static_cast<float>(p[i]); }
 
-// exp for x <= 0 (scores minus their max): Cody-Waite range reduction and a degree-6 polynomial,
-// plain arithmetic so the compiler vectorizes the loop that calls it (libm's expf is scalar).
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  // round to nearest by the 1.5 * 2^23 trick: plain adds, so the loop vectorizes
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 // One row of dim values as fp32 (dim a multiple of 16 takes the vector path).
 template <typename T>
@@ -91,7 +75,7 @@ inline void softmax_rows(float* scores, int64_t rows, int64_t length) {
     float* s = scores + g * length;
     float top = s[0];
     for (int64_t t = 1; t < length; ++t) top = s[t] > top ? s[t] : top;
-    for (int64_t t = 0; t < length; ++t) s[t] = exp_nonpositive(s[t] - top);
+    for (int64_t t = 0; t < length; ++t) s[t] = kev::exp_approx(s[t] - top);
   }
 }
 

@@ -5,6 +5,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec_math.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -13,27 +15,11 @@ namespace {
 
 // Rows per task: a decode step's few rows run on one thread (a parallel region costs more than
 // the work, and much more when another process holds the other core); prefill rows split.
-constexpr int64_t kRowGrain = 32;
+constexpr int64_t kRowGrain = 128;
 
 template <typename T>
 inline float to_f(T v) { return static_cast<float>(v); }
 
-// exp on [-87, 88] by range reduction and a polynomial: plain arithmetic the compiler vectorizes.
-inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 template <typename T>
 void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, double eps) {
@@ -54,6 +40,27 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, at::Tensor& ou
       for (int64_t i = 0; i < width; ++i) o[i] = static_cast<T>(to_f(wp[i]) * to_f(static_cast<T>(to_f(row[i]) * inverse)));
     }
   });
+}
+
+// residual += x (rounded to the model dtype, as torch's add), then RMSNorm of the new residual.
+template <typename T>
+void add_rows(const at::Tensor& x, at::Tensor& residual) {
+  const int64_t rows = x.size(0), width = x.size(1);
+  const T* xp = x.data_ptr<T>();
+  T* rp = residual.data_ptr<T>();
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * width; i < end * width; ++i) rp[i] = static_cast<T>(to_f(rp[i]) + to_f(xp[i]));
+  });
+}
+
+at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor residual, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.sizes() == residual.sizes() && x.is_contiguous() && residual.is_contiguous(), "add_rms_norm: same shape");
+  at::Tensor out = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    add_rows<scalar_t>(x, residual);
+    rms_norm_rows<scalar_t>(residual, weight, out, eps);
+  });
+  return out;
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -109,7 +116,7 @@ void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
       T* o = op + r * width;
       for (int64_t i = 0; i < width; ++i) {
         const float x = to_f(g[i]);
-        o[i] = static_cast<T>(x / (1.0f + exp_approx(-x)) * to_f(u[i]));
+        o[i] = static_cast<T>(x / (1.0f + kev::exp_approx(-x)) * to_f(u[i]));
       }
     }
   });
@@ -127,12 +134,14 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 TORCH_LIBRARY_FRAGMENT(kev, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor positions, int rotated_heads, int dim) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(kev, CPU, m) {
   m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm", &add_rms_norm);
   m.impl("rope_", &rope_);
   m.impl("silu_mul", &silu_mul);
 }
