@@ -14,6 +14,6 @@ class BatchConfig(BaseModel):
     dir: str = "~/.cache/kev/batches"
     max_file_bytes: int = Field(200 << 20, ge=64)  # an uploaded file (OpenAI's limit is 200 MB)
     max_requests: int = Field(50_000, ge=1)  # lines of one batch input file (OpenAI's limit)
-    # Requests (lines) in flight at once per job; None: router.channel_pool_size x channel_queue_depth
-    # per engine (every channel queue full, as if all were submitted at once, yet nothing overflows).
+    # Requests (lines) in flight at once per job; None: 2 x router.channel_pool_size x (1 + channel_queue_depth)
+    # per engine (every channel busy and as many again ready, as if all were submitted at once).
     max_inflight: int | None = Field(None, ge=1)

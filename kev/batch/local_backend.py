@@ -41,10 +41,10 @@ async def close_backend(backend: Backend) -> None:
 
 
 def default_max_inflight(config: KevConfig) -> int:
-    """batch.max_inflight, else what the engines hold without overflow: router.channel_pool_size x
-    router.channel_queue_depth per engine. Fewer (one per channel) measured ~12% slower than submitting
-    everything at once: the scheduler packs its steps better with every channel queue full."""
+    """batch.max_inflight, else twice what the engines hold without overflow: router.channel_pool_size x
+    (1 + router.channel_queue_depth) per engine. Every channel busy, and as many again ready to bind the moment
+    one frees (as if everything had been submitted at once); one request per channel measured ~12% slower."""
     if config.batch.max_inflight is not None:
         return config.batch.max_inflight
     engines = {"multi_gpu": len(config.deploy.devices), "distributed": config.deploy.num_partitions}.get(config.deploy.mode, 1)
-    return config.router.channel_pool_size * config.router.channel_queue_depth * max(engines, 1)
+    return 2 * config.router.channel_pool_size * (1 + config.router.channel_queue_depth) * max(engines, 1)

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["jsonl", "txt"], help="input format (default: txt for *.txt, else jsonl)")
     parser.add_argument("--ordered", action="store_true", help="write in input order (default: as answers finish)")
     parser.add_argument("--max-inflight", type=int, help="requests in flight at once (default: batch.max_inflight, "
-                                                         "else router.channel_pool_size x channel_queue_depth per engine)")
+                                                         "else 2 x channel_pool_size x (1 + channel_queue_depth) per engine)")
     parser.add_argument("--skip-invalid", action="store_true", help="write invalid lines as error lines, run the rest")
     parser.add_argument("--max-tokens", type=int, help="max_tokens of lines that do not set it")
     parser.add_argument("--temperature", type=float, help="temperature of lines that do not set it (OpenAI's default: 1)")
