@@ -122,3 +122,12 @@ def test_route_options_carry_over_and_unsupported_ones_are_named() -> None:
     assert chat.options["logprobs"] == 2 and [q["seed"] for q in chat.queries] == [1, 2, 3]
     assert completion.queries == [{"prompt_ids": [1, 2, 3]}] and completion.echo == ([1, 2, 3],)
     assert [str(e) for e in invalid] == ["line 3: body.tools: not supported by Kev (refused rather than ignored)"]
+
+
+def test_the_default_inflight_covers_every_channel_and_more() -> None:
+    from kev.batch.local_backend import default_max_inflight
+
+    for router in ({}, {"channel_queue_depth": 0}, {"channel_queue_depth": 4}):
+        config = kev.load_config({"router": router})
+        assert default_max_inflight(config) >= 2 * config.router.channel_pool_size
+    assert default_max_inflight(kev.load_config({"batch": {"max_inflight": 3}})) == 3
