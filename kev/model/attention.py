@@ -29,18 +29,19 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [num_rows, heads, dim]; k, v: [num_rows, kv_heads, dim] for the new tokens. Returns [num_rows, heads, dim].
 
-    decode_kernel: one-query channels run Kev's C++ kernel (model/kernels), which reads each channel's
-    keys in place, all in one call; prefill chunks (and, without the kernel, every channel) are gathered
-    and attended with SDPA, one call per channel."""
+    decode_kernel: decode rows and short prefill chunks run Kev's C++ kernel (model/kernels), which reads
+    each channel's keys in place, all in one call; long prefill chunks (and, without the kernel, every
+    channel) are gathered and attended with SDPA, one call per channel."""
     new_kv = torch.stack([k, v]).index_select(1, meta.token_rows)  # [2, num_tokens, kv_heads, dim]
     cache.kv.index_copy_(1, meta.slot_mapping, new_kv)
     out = q.new_empty(q.shape)  # contiguous even where q is a view into the fused qkv rows
     if meta.padding_rows is not None:  # rows no channel owns: zeros, as every row is written below
         out.index_fill_(0, meta.padding_rows, 0)
-    batch = meta.decode_batch if decode_kernel else None
+    batch = meta.kernel_batch if decode_kernel else None
     if batch is not None:
-        torch.ops.kev.decode_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.offsets, q.shape[-1] ** -0.5)
-    _spans_sdpa(q, cache, meta.chunk_spans if decode_kernel else meta.spans, out)
+        torch.ops.kev.decode_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.starts, batch.lengths,
+                                       q.shape[-1] ** -0.5)
+    _spans_sdpa(q, cache, meta.long_chunks if decode_kernel else meta.spans, out)
     return out
 
 

@@ -11,6 +11,11 @@ from functools import cached_property
 
 import torch
 
+# Prefill chunks of at most this many rows go to the attention kernel with the decode rows (one call per
+# layer); longer ones to SDPA, whose GEMMs win there. A chunk's length depends only on its own question,
+# so which path it takes does too.
+KERNEL_MAX_CHUNK = 48
+
 
 @dataclass
 class ChannelSpan:
@@ -52,28 +57,39 @@ class StepMetadata:
         return mask.nonzero().flatten()
 
     @cached_property
-    def decode_batch(self) -> DecodeBatch | None:
-        """Every one-query span, for the in-place decode kernel (None when there is none)."""
-        spans = [span for span in self.spans if span.q_len == 1]
-        return DecodeBatch.build(spans) if spans else None
+    def kernel_batch(self) -> KernelBatch | None:
+        """Decode rows and short prefill chunks, for the in-place attention kernel (None when there is none)."""
+        spans = [span for span in self.spans if span.q_len <= KERNEL_MAX_CHUNK]
+        return KernelBatch.build(spans) if spans else None
 
     @cached_property
-    def chunk_spans(self) -> list[ChannelSpan]:
-        """The spans with several query rows (prefill chunks): attended one by one."""
-        return [span for span in self.spans if span.q_len > 1]
+    def long_chunks(self) -> list[ChannelSpan]:
+        """Prefill chunks too long for the kernel: attended with SDPA, one call each."""
+        return [span for span in self.spans if span.q_len > KERNEL_MAX_CHUNK]
 
 
 @dataclass
-class DecodeBatch:
-    """The one-query channels of a step as flat arrays: channel c's keys are kv_slots[offsets[c]:offsets[c + 1]]."""
+class KernelBatch:
+    """Query rows as flat arrays: row i attends to kv_slots[starts[i] : starts[i] + lengths[i]]."""
 
-    rows: torch.Tensor  # [B] the query row of each channel
-    kv_slots: torch.Tensor  # [sum of ctx_len] each channel's key slots in position order
-    offsets: torch.Tensor  # [B + 1]
+    rows: torch.Tensor  # [Q] query rows
+    kv_slots: torch.Tensor  # every channel's key slots in position order, one channel after another
+    starts: torch.Tensor  # [Q] where row i's channel begins in kv_slots
+    lengths: torch.Tensor  # [Q] keys row i sees (causal within its chunk)
 
     @staticmethod
-    def build(spans: list[ChannelSpan]) -> DecodeBatch:
+    def build(spans: list[ChannelSpan]) -> KernelBatch:
         device = spans[0].kv_slots.device
-        rows = torch.tensor([s.q_start for s in spans], dtype=torch.long, device=device)
-        offsets = torch.tensor([0] + [s.ctx_len for s in spans], dtype=torch.long, device=device).cumsum(0)
-        return DecodeBatch(rows, torch.cat([s.kv_slots for s in spans]), offsets)
+        rows: list[int] = []
+        starts: list[int] = []
+        lengths: list[int] = []
+        offset = 0
+        for s in spans:
+            first_position = s.ctx_len - s.q_len
+            rows.extend(range(s.q_start, s.q_start + s.q_len))
+            starts.extend([offset] * s.q_len)
+            lengths.extend(range(first_position + 1, s.ctx_len + 1))
+            offset += s.ctx_len
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+        return KernelBatch(as_tensor(rows), torch.cat([s.kv_slots for s in spans]), as_tensor(starts),
+                           as_tensor(lengths))

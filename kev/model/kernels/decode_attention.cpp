@@ -1,4 +1,4 @@
-// Paged decode attention for the CPU: one query row per channel, keys read in place from the paged
+// Paged attention for the CPU: decode rows and short prefill chunks, keys read in place from the paged
 // cache through the channel's own slot list. Each (channel, kv head) is one task computed start to
 // end by one thread in a fixed order, so a channel's bits depend only on its own query and keys:
 // never on which channels share the call, how many threads run, or where the row sits.
@@ -140,7 +140,7 @@ void task_vector(const float* query, const T* k_ptr, const T* v_ptr, const int64
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::Tensor& rows,
-         const at::Tensor& slots, const at::Tensor& offsets, double scale) {
+         const at::Tensor& slots, const at::Tensor& starts, const at::Tensor& lengths, double scale) {
   const int64_t heads = q.size(1), dim = q.size(2), kv_heads = kv.size(2), num_slots = kv.size(1);
   const int64_t q_row_stride = q.stride(0);
   const int64_t group = heads / kv_heads, num_channels = rows.size(0);
@@ -150,13 +150,14 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
   T* out_ptr = out.data_ptr<T>();
   const int64_t* row_ptr = rows.data_ptr<int64_t>();
   const int64_t* slot_ptr = slots.data_ptr<int64_t>();
-  const int64_t* offset_ptr = offsets.data_ptr<int64_t>();
+  const int64_t* start_ptr = starts.data_ptr<int64_t>();
+  const int64_t* length_ptr = lengths.data_ptr<int64_t>();
   const float scale_f = static_cast<float>(scale);
   at::parallel_for(0, num_channels * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> query(group * dim), key(dim), acc(group * dim), scores, total(group);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t channel = task / kv_heads, kv_head = task % kv_heads;
-      const int64_t first = offset_ptr[channel], length = offset_ptr[channel + 1] - first;
+      const int64_t first = start_ptr[channel], length = length_ptr[channel];
       const int64_t row = row_ptr[channel];
       scores.resize(group * length);
       to_float(q_ptr + row * q_row_stride + kv_head * group * dim, query.data(), group * dim);
@@ -191,18 +192,19 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
 }
 
 // q: [rows, heads, dim] (rows may be strided: a view into the fused qkv output); kv: [2, slots, kv_heads, dim];
-// out: [rows, heads, dim] contiguous, written at rows[c] only.
-// Channel c attends to the keys at slots[offsets[c] : offsets[c + 1]], in position order.
+// out: [rows, heads, dim] contiguous, written at rows[i] only.
+// Query i attends to the keys at slots[starts[i] : starts[i] + lengths[i]], in position order (the rows of one
+// prefill chunk share their channel's slots, each with its own causal length).
 void decode_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
-                      const at::Tensor& slots, const at::Tensor& offsets, double scale) {
+                      const at::Tensor& slots, const at::Tensor& starts, const at::Tensor& lengths, double scale) {
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && kv.is_contiguous() && out.is_contiguous(),
               "decode_attention: heads of a row contiguous, kv and out contiguous");
   TORCH_CHECK(q.scalar_type() == kv.scalar_type() && q.scalar_type() == out.scalar_type(), "decode_attention: one dtype");
   TORCH_CHECK(q.size(1) % kv.size(2) == 0, "decode_attention: heads must be a multiple of kv heads");
   switch (q.scalar_type()) {
-    case at::kFloat: run<float>(q, kv, out, rows, slots, offsets, scale); break;
-    case at::kBFloat16: run<at::BFloat16>(q, kv, out, rows, slots, offsets, scale); break;
-    case at::kHalf: run<at::Half>(q, kv, out, rows, slots, offsets, scale); break;
+    case at::kFloat: run<float>(q, kv, out, rows, slots, starts, lengths, scale); break;
+    case at::kBFloat16: run<at::BFloat16>(q, kv, out, rows, slots, starts, lengths, scale); break;
+    case at::kHalf: run<at::Half>(q, kv, out, rows, slots, starts, lengths, scale); break;
     default: TORCH_CHECK(false, "decode_attention: unsupported dtype ", q.scalar_type());
   }
 }
@@ -210,7 +212,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out,
 }  // namespace
 
 TORCH_LIBRARY(kev, m) {
-  m.def("decode_attention(Tensor q, Tensor kv, Tensor(a!) out, Tensor rows, Tensor slots, Tensor offsets, float scale) -> ()");
+  m.def("decode_attention(Tensor q, Tensor kv, Tensor(a!) out, Tensor rows, Tensor slots, Tensor starts, Tensor lengths, float scale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kev, CPU, m) { m.impl("decode_attention", &decode_attention); }
