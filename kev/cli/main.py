@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("kev.cli.worker_cmd", "distributed inference worker"),
     "aggregator": ("kev.cli.aggregator_cmd", "distributed result aggregator"),
     "cluster": ("kev.cli.cluster_cmd", "run a local distributed cluster"),
+    "batch": ("kev.cli.batch_cmd", "answer a file of requests (OpenAI Batch format), resumable"),
 }
 
 

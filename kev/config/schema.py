@@ -9,8 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kev.config.precision import pick_precision
+from kev.batch.batch_config import BatchConfig
 from kev.config.deploy_config import DeployConfig
+from kev.config.precision import pick_precision
 from kev.server.server_config import ServerConfig
 
 
@@ -185,6 +186,7 @@ class KevConfig(_Section):
     aggregator: AggregatorConfig = AggregatorConfig()
     audit: AuditConfig = AuditConfig()
     server: ServerConfig = ServerConfig()
+    batch: BatchConfig = BatchConfig()
 
     @model_validator(mode="after")
     def _timeout_under_cap(self) -> KevConfig:

@@ -262,7 +262,7 @@ class DistributedBackend:
         await self.link.close()
         for task in list(self._tasks):
             task.cancel()
-        return len(unfinished)
+        return unfinished
 
     def _request(self, request_id: str) -> OpenRequest:
         request = self.requests.get(request_id)

@@ -19,8 +19,10 @@ from fastapi import FastAPI
 
 import kev
 from kev.config import KevConfig
+from kev.batch.server_batches import BatchManager
+from kev.batch.store import BatchStore
 from kev.errors import KevError
-from kev.server import routes_kev, routes_ops, routes_openai, routes_tokenizer
+from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_tokenizer
 from kev.server.backend import build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
@@ -40,28 +42,35 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
     metrics = ServerMetrics()
     service = KevService(config, metrics)
+    batches = BatchManager(service, BatchStore(config.batch.dir))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         loader = threading.Thread(target=_load, args=(service, engine_factory, asyncio.get_running_loop(), on_load_failed),
                                   name="kev-load", daemon=True)
         loader.start()
+        batches.start()  # unfinished batches of an earlier run go on once the model is ready
         interval = config.server.stats_interval_s
         stats = asyncio.ensure_future(report_stats(lambda: service.backend, interval)) if interval > 0 else None
         yield
         if stats is not None:
             stats.cancel()
+        await batches.shutdown()  # first: what they cut short is not written, and the next start resumes it
         await service.shutdown()
 
     app = FastAPI(title="Kev", version=kev.__version__, lifespan=lifespan,
                   description="Many independent questions, one forward pass, isolated channels.")
     app.state.service = service
+    app.state.batches = batches
     install_handlers(app)
-    for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_ops.router, playground.router):
+    for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_batch.router, routes_ops.router,
+                   playground.router):
         app.include_router(router)
     _document_served_model(app, service.model_name)
+    # An uploaded file may be as large as batch.max_file_bytes; the route checks its exact size.
     app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key, max_body_bytes=config.server.max_body_bytes,
-                       body_timeout_s=config.server.body_timeout_s)
+                       body_timeout_s=config.server.body_timeout_s,
+                       path_limits={"/v1/files": (config.batch.max_file_bytes, "batch.max_file_bytes")})
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: counts the gate's refusals too
     return app
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from kev.aggregator.result import Result
 from kev.engine.engine import Engine
+from kev.engine.request import StreamEvent
 from kev.engine.stats import EngineLoad, EngineStats
 from kev.model.tokenizer import Tokenizer
 from kev.server.metrics import ServerMetrics
@@ -100,6 +101,9 @@ class EngineBridge:
 
     def _drain(self, watch: Watch) -> None:
         try:
+            if watch.events is None:
+                self._await_done(watch)
+                return
             for event in self.engine.stream(watch.request_id):
                 if event.result is not None:
                     self.metrics.observe_result(event.result)
@@ -108,6 +112,17 @@ class EngineBridge:
             log.exception("watcher of request %s failed", watch.request_id)
         finally:
             watch.post(None)
+
+    def _await_done(self, watch: Watch) -> None:
+        """Nobody listens: wake once, when the request is done, not once per token. Per-token wake-ups of
+        many watcher threads take the GIL from the step loop (`kev batch` measured ~25% fewer tokens/s)."""
+        request = self.engine.requests.get(watch.request_id)
+        if request is None:
+            return
+        request.done.wait()
+        for result in list(request.results.values()):
+            self.metrics.observe_result(result)
+            watch.post(StreamEvent(result.index, result.channel_id, "", [], True, result))  # its status counts
 
     async def cancel_unfinished(self) -> int:
         return await self.run(_cancel_all, self.engine)

@@ -23,11 +23,16 @@ from kev.server.playground import PAGE_PATHS
 # playground page, which holds no secret (its API calls do).
 OPEN_PATHS = frozenset({"/healthz", "/health", *PAGE_PATHS})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+UPLOAD_ENVELOPE = 64 << 10  # multipart boundaries and part headers around an uploaded file
 
 
 class GateMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout_s: float = 30.0) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout_s: float = 30.0,
+                 path_limits: dict[str, tuple[int, str]] | None = None) -> None:
+        """path_limits: path -> (limit, the config key it comes from) for uploads: their body may hold that many
+        bytes of file plus UPLOAD_ENVELOPE of multipart framing (the route checks the file's own size)."""
         self.app, self.max_body_bytes, self.body_timeout_s = app, max_body_bytes, body_timeout_s
+        self.path_limits = path_limits or {}
         self.api_key = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -39,9 +44,11 @@ class GateMiddleware:
                                  "Authorization", {"WWW-Authenticate": "Bearer"})
         if scope["method"] not in _BODY_METHODS:
             return await self.app(scope, receive, send)
+        limit, key = self.path_limits.get(scope["path"], (self.max_body_bytes, "server.max_body_bytes"))
+        allowed = limit + (UPLOAD_ENVELOPE if scope["path"] in self.path_limits else 0)
         declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            return await _refuse(scope, receive, send, 413, self._too_large(int(declared)), "body")
+        if declared.isdigit() and int(declared) > allowed:
+            return await _refuse(scope, receive, send, 413, _too_large(int(declared), limit, key), "body")
         body = bytearray()
         more = True
         try:
@@ -52,8 +59,8 @@ class GateMiddleware:
                         return
                     body += message.get("body", b"")
                     more = message.get("more_body", False)
-                    if len(body) > self.max_body_bytes:
-                        return await _refuse(scope, receive, send, 413, self._too_large(len(body)), "body")
+                    if len(body) > allowed:
+                        return await _refuse(scope, receive, send, 413, _too_large(len(body), limit, key), "body")
         except TimeoutError:
             return await _refuse(scope, receive, send, 408, f"body: not complete within server.body_timeout_s="
                                  f"{self.body_timeout_s:g}", "body", {"Connection": "close"})
@@ -68,9 +75,6 @@ class GateMiddleware:
         scheme, _, token = headers.get("authorization", "").partition(" ")
         # compare_digest: the time taken does not tell how much of the key was right.
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key or b"")
-
-    def _too_large(self, size: int) -> str:
-        return f"body: {size} bytes; the limit is server.max_body_bytes={self.max_body_bytes}"
 
 
 class HttpMetricsMiddleware:
@@ -94,6 +98,10 @@ class HttpMetricsMiddleware:
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             self.metrics.http_requests.labels(route, scope["method"], str(status[0] or 499)).inc()
+
+
+def _too_large(size: int, limit: int, key: str) -> str:
+    return f"body: {size} bytes; the limit is {key}={limit}"
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -46,7 +46,9 @@ class ServerProcess:
         ready=False returns as soon as the server listens, while its model may still load."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         config_path = self.workdir / "kev.yaml"
-        config_path.write_text(json.dumps({"kev": self.config}))  # JSON is YAML
+        # Uploaded files and batches stay in the test's folder unless the test names a batch.dir.
+        config = {**self.config, "batch": {"dir": str(self.workdir / "batches"), **self.config.get("batch", {})}}
+        config_path.write_text(json.dumps({"kev": config}))  # JSON is YAML
         args = [sys.executable, "-m", "kev.cli.main", "serve", "--config", str(config_path), "--port", "0",
                 *(["--api-key", self.api_key] if self.api_key else []), *self.extra_args]
         env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -1,0 +1,130 @@
+"""A BatchLine's body, checked as the HTTP route checks it, becomes the engine questions and options it stands for.
+
+The bodies are the OpenAI routes' own models (kev/server/openai_models.py) and the server's
+limits, so a line is refused for exactly what the route would refuse, naming the same field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from kev.batch.input_file import CHAT_URL, BatchLine, LineError
+from kev.config import KevConfig
+from kev.server.errors import ApiError, field_path
+from kev.server.limits import Limits
+from kev.server.openai_format import Kind
+from kev.server.openai_models import ChatCompletionBody, CompletionBody
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions, as on the route
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One line, ready for Backend.submit: each candidate of each prompt is a question, one channel each."""
+
+    line: BatchLine
+    queries: list[Any]
+    options: dict[str, Any]
+    kind: Kind
+    n: int  # candidates per prompt (best_of, else n); question index = prompt_index * n + candidate
+    keep: int  # choices answered per prompt (n): the most likely `keep` of the n candidates
+    logprobs: bool = False
+    echo: tuple[str | list[int], ...] | None = None  # completions with echo: each prompt (token ids decoded at answer time)
+    single_prompt: bool = False  # completions: prompt was one string or one list of ids (errors name "prompt")
+    structure_field: str | None = None  # the body field that asked for structured output
+
+    @property
+    def custom_id(self) -> str:
+        return self.line.custom_id
+
+
+def served_model_name(config: KevConfig) -> str:
+    """The model id the server answers to (as KevService names it)."""
+    return config.server.model_name or Path(config.core.model_path).name.removesuffix(".gguf")
+
+
+@dataclass(frozen=True)
+class RequestBuilder:
+    model_name: str
+    limits: Limits
+    defaults: dict[str, Any]  # body fields a line does not set (kev batch --max-tokens, --temperature)
+
+    @classmethod
+    def from_config(cls, config: KevConfig, defaults: dict[str, Any] | None = None) -> RequestBuilder:
+        return cls(served_model_name(config), Limits.from_config(config), defaults or {})
+
+    def build(self, line: BatchLine) -> BatchRequest:
+        """Raises LineError naming the line and the body field at fault."""
+        body = {"model": self.model_name, **self.defaults, **line.body}
+        try:
+            return self._chat(line, body) if line.url == CHAT_URL else self._completion(line, body)
+        except ValidationError as err:
+            problem = max(err.errors(), key=lambda p: len(p.get("loc", ())))
+            field = "body." + field_path(("body", *problem.get("loc", ())))
+            message = "is required" if problem.get("type") == "missing" else \
+                str(problem.get("msg", "invalid value")).removeprefix("Value error, ")
+            raise LineError(line.line_no, line.custom_id, field.removesuffix(".body"), message) from None
+        except ApiError as err:
+            field = f"body.{err.field}" if err.field else "body"
+            message = err.message.removeprefix(f"{err.field}: ") if err.field else err.message
+            raise LineError(line.line_no, line.custom_id, field, message, err.status_code) from None
+
+    def _chat(self, line: BatchLine, body: dict[str, Any]) -> BatchRequest:
+        chat = ChatCompletionBody.model_validate(body)
+        self._check(chat.model, chat.stream, chat.num_candidates, chat.max_completion_tokens or chat.max_tokens,
+                    chat.timeout_ms)
+        chat.check_supported()
+        messages = [m.to_engine() for m in chat.messages]
+        self.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
+        queries = [{"messages": messages, **_seed(chat.choice_seed(j))} for j in range(chat.num_candidates)]
+        options = {"max_tokens": self.limits.default_max_tokens,
+                   **chat.engine_options(chat.max_completion_tokens or chat.max_tokens), **chat.logprob_options()}
+        return BatchRequest(line, queries, _ranked(options, chat.num_candidates, chat.n), "chat", chat.num_candidates,
+                            chat.n, bool(chat.logprobs), structure_field=chat.structure()[0])
+
+    def _completion(self, line: BatchLine, body: dict[str, Any]) -> BatchRequest:
+        body_ = CompletionBody.model_validate(body)
+        prompts = body_.prompts
+        max_tokens = body_.max_tokens if body_.max_tokens is not None else min(COMPLETION_MAX_TOKENS, self.limits.max_tokens_cap)
+        self._check(body_.model, body_.stream, len(prompts) * body_.num_candidates, max_tokens, body_.timeout_ms)
+        body_.check_supported()
+        for i, prompt in enumerate(prompts):
+            self.limits.check_chars(len(prompt), "prompt" if body_.is_single else f"prompt[{i}]")
+        queries = [{"prompt" if isinstance(p, str) else "prompt_ids": p, **_seed(body_.choice_seed(j))}
+                   for p in prompts for j in range(body_.num_candidates)]
+        options = {**body_.engine_options(max_tokens), **body_.logprob_options(max_tokens)}
+        return BatchRequest(line, queries, _ranked(options, body_.num_candidates, body_.n), "text", body_.num_candidates,
+                            body_.n, body_.logprobs is not None, tuple(prompts) if body_.echo else None, body_.is_single,
+                            body_.structure()[0])
+
+    def _check(self, model: str, stream: bool, num_questions: int, max_tokens: int | None, timeout_ms: int | None) -> None:
+        if model != self.model_name:
+            raise ApiError(404, f"model: {model!r} is not served here (this server serves {self.model_name!r})", "model")
+        if stream:
+            raise ApiError(400, "stream: a batch line cannot stream (its answer is one output line)", "stream")
+        self.limits.check_count(num_questions, "n")
+        self.limits.check_max_tokens(max_tokens, "max_tokens")
+        self.limits.check_timeout(timeout_ms, "timeout_ms")
+
+
+def _ranked(options: dict[str, Any], candidates: int, keep: int) -> dict[str, Any]:
+    """best_of > n ranks candidates by total logprob, so every candidate records its tokens' logprobs (as the route)."""
+    return {"logprobs": 0, **options} if candidates > keep else options
+
+
+def _seed(seed: int | None) -> dict[str, int]:
+    return {} if seed is None else {"seed": seed}
+
+
+def build_all(lines: list[BatchLine], builder: RequestBuilder) -> tuple[list[BatchRequest], list[LineError]]:
+    requests: list[BatchRequest] = []
+    errors: list[LineError] = []
+    for line in lines:
+        try:
+            requests.append(builder.build(line))
+        except LineError as err:
+            errors.append(err)
+    return requests, errors

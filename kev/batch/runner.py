@@ -1,0 +1,133 @@
+"""BatchRunner: a job's requests through a Backend (an engine, replicas or a cluster), at most max_inflight at once.
+
+Nothing blocks on one request: each line is a task that submits, waits for its answer and
+hands the output line to `emit` (completion order, or input order with `ordered`, holding back
+what is early). Channels never idle for want of work while max_inflight covers them. A full
+pool or an unreachable queue is waited out, never a failed line. When `stop` is set, nothing
+new is submitted, what is running is cancelled, and nothing unfinished is written: a later
+run of the same job does it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kev.aggregator.result import Result
+from kev.batch.records import answer_record, response_record
+from kev.batch.requests import BatchRequest
+from kev.errors import InvalidRequestError, RejectedError, UnavailableError
+from kev.server.backend import Backend
+from kev.server.errors import error_body
+
+log = logging.getLogger("kev.batch")
+Emit = Callable[[BatchRequest, dict[str, Any]], None]
+RETRY_S = (0.05, 0.2, 1.0)  # backoff while the pool is full or the queue unreachable
+
+
+class BatchRunner:
+    def __init__(self, backend: Backend, model_name: str, max_inflight: int, ordered: bool = False) -> None:
+        self.backend, self.model_name = backend, model_name
+        self.max_inflight, self.ordered = max_inflight, ordered
+
+    async def run(self, requests: list[BatchRequest], emit: Emit, stop: asyncio.Event) -> bool:
+        """True when every request was answered; False when stopped first."""
+        slots = asyncio.Semaphore(self.max_inflight)
+        order = _InputOrder(emit) if self.ordered else None
+        tasks: list[asyncio.Task[None]] = []
+        for position, request in enumerate(requests):
+            if not await _acquire(slots, stop):
+                break
+            tasks.append(asyncio.create_task(self._one(position, request, slots, stop, order.emit if order else
+                                                       (lambda _, r, rec: emit(r, rec)))))
+        await asyncio.gather(*tasks)
+        return not stop.is_set() and len(tasks) == len(requests)
+
+    async def _one(self, position: int, request: BatchRequest, slots: asyncio.Semaphore, stop: asyncio.Event,
+                   emit: Callable[[int, BatchRequest, dict[str, Any]], None]) -> None:
+        try:
+            record = await self._answer(request, stop)
+        except Exception as err:  # a backend fault fails this line, never the job
+            log.exception("batch line %d failed", request.line.line_no)
+            record = response_record(request.custom_id, 500, error_body(500, f"internal error: {err!r}", None), None)
+        finally:
+            slots.release()
+        if record is not None and not stop.is_set():
+            emit(position, request, record)
+
+    async def _answer(self, request: BatchRequest, stop: asyncio.Event) -> dict[str, Any] | None:
+        try:
+            request_id = await self._submit(request, stop)
+        except InvalidRequestError as err:  # refused outright (e.g. an isolation level over the cap)
+            return response_record(request.custom_id, 422, error_body(422, str(err), None), None)
+        if request_id is None:
+            return None
+        try:
+            watch = self.backend.watch(request_id, len(request.queries), listen=False)
+            if not await _first(watch.done.wait(), stop):
+                return None
+            results: list[Result] = await self.backend.results(request_id)
+        finally:
+            self.backend.forget(request_id)
+        if any(r.status == "cancelled" for r in results):  # cancelled under us (shutdown): not an answer
+            return None
+        return answer_record(request, request_id, results, self.model_name, self.backend.tokenizer)
+
+    async def _submit(self, request: BatchRequest, stop: asyncio.Event) -> str | None:
+        """The request_id, or None when stopped first; InvalidRequestError passes through."""
+        attempt = 0
+        while not stop.is_set():
+            try:
+                return await self.backend.submit(request.queries, request.options)
+            except (RejectedError, UnavailableError, TimeoutError) as err:  # full, or unreachable: wait it out
+                log.debug("line %d: %s; retrying", request.line.line_no, err)
+            await _first(asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)]), stop)
+            attempt += 1
+        return None
+
+
+class _InputOrder:
+    """--ordered: lines go out in input order; one that finishes early waits for those before it."""
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self._next = 0
+        self._held: dict[int, tuple[BatchRequest, dict[str, Any]]] = {}
+
+    def emit(self, position: int, request: BatchRequest, record: dict[str, Any]) -> None:
+        self._held[position] = (request, record)
+        while self._next in self._held:
+            self._emit(*self._held.pop(self._next))
+            self._next += 1
+
+
+async def _acquire(slots: asyncio.Semaphore, stop: asyncio.Event) -> bool:
+    if stop.is_set():
+        return False
+    acquired = await _first(slots.acquire(), stop)
+    if not acquired:
+        return False
+    if stop.is_set():
+        slots.release()
+        return False
+    return True
+
+
+async def _first(awaitable: Any, stop: asyncio.Event) -> bool:
+    """Await `awaitable` unless `stop` is set first; True when it finished."""
+    task = asyncio.ensure_future(awaitable)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    return False

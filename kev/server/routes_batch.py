@@ -1,0 +1,119 @@
+"""OpenAI's Files and Batches API (/v1/files, /v1/batches): the official client's batch calls work unchanged.
+
+Files and batch records live on disk under batch.dir (kev/batch/store.py); the batches run
+on the server's own backend (kev/batch/server_batches.py). Auth is the gate's, as for every route.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from kev.batch.input_file import URLS
+from kev.batch.server_batches import BatchManager, public
+from kev.server.errors import ApiError, error_responses
+
+router = APIRouter(tags=["batch"])
+_ERRORS = error_responses(400, 401, 404, 413, 422, 503)
+
+
+def get_batches(request: Request) -> BatchManager:
+    return request.app.state.batches
+
+
+class BatchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input_file_id: str
+    endpoint: str = Field(description=f"one of {', '.join(URLS)}")
+    completion_window: Literal["24h"]
+    metadata: dict[str, str] | None = None
+
+
+# --- files ----------------------------------------------------------------------------
+@router.post("/v1/files", responses=_ERRORS, summary="Upload a batch input file (JSONL, purpose=batch)")
+async def create_file(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()],
+                      batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+    if purpose != "batch":
+        raise ApiError(422, f"purpose: {purpose!r} is not supported here (only 'batch')", "purpose")
+    limit = batches.service.config.batch.max_file_bytes
+    data = await file.read(limit + 1)
+    if len(data) > limit:
+        raise ApiError(413, f"file: over {limit} bytes; the limit is batch.max_file_bytes={limit}", "file")
+    return batches.store.add_file(data, file.filename or "upload.jsonl", purpose)
+
+
+@router.get("/v1/files", responses=error_responses(401), summary="Files, newest first")
+async def list_files(batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+    return {"object": "list", "data": batches.store.files(), "has_more": False}
+
+
+@router.get("/v1/files/{file_id}", responses=error_responses(401, 404), summary="A file's description")
+async def retrieve_file(file_id: str, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+    return _file(batches, file_id)
+
+
+@router.get("/v1/files/{file_id}/content", responses=error_responses(401, 404), summary="A file's bytes")
+async def file_content(file_id: str, batches: BatchManager = Depends(get_batches)) -> FileResponse:
+    meta = _file(batches, file_id)
+    return FileResponse(batches.store.data_path(file_id), media_type="application/jsonl", filename=meta["filename"])
+
+
+@router.delete("/v1/files/{file_id}", responses=error_responses(401, 404), summary="Delete a file")
+async def delete_file(file_id: str, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+    _file(batches, file_id)
+    batches.store.delete_file(file_id)
+    return {"id": file_id, "object": "file", "deleted": True}
+
+
+def _file(batches: BatchManager, file_id: str) -> dict[str, Any]:
+    meta = batches.store.file(file_id)
+    if meta is None:
+        raise ApiError(404, f"file_id: {file_id!r} is unknown", "file_id")
+    return meta
+
+
+# --- batches --------------------------------------------------------------------------
+@router.post("/v1/batches", responses=_ERRORS, summary="Run every request of an uploaded file; returns at once")
+async def create_batch(body: BatchBody, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+    if batches.service.load_error:
+        raise ApiError(503, f"model failed to load: {batches.service.load_error}", None)
+    meta = batches.store.file(body.input_file_id)
+    if meta is None:
+        raise ApiError(404, f"input_file_id: {body.input_file_id!r} is unknown", "input_file_id")
+    if meta["purpose"] != "batch":
+        raise ApiError(422, f"input_file_id: {body.input_file_id!r} has purpose {meta['purpose']!r}, not 'batch'",
+                       "input_file_id")
+    if body.endpoint not in URLS:
+        raise ApiError(422, f"endpoint: {body.endpoint!r} is not supported (one of {', '.join(URLS)})", "endpoint")
+    return public(batches.create(body.input_file_id, body.endpoint, body.metadata))
+
+
+@router.get("/v1/batches", responses=error_responses(401, 422), summary="Batches, newest first")
+async def list_batches(after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                       batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+    records = batches.list()
+    if after is not None:
+        ids = [r["id"] for r in records]
+        records = records[ids.index(after) + 1:] if after in ids else []
+    page = [public(r) for r in records[:limit]]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(records) > limit}
+
+
+@router.get("/v1/batches/{batch_id}", responses=error_responses(401, 404), summary="A batch: status and request_counts")
+async def retrieve_batch(batch_id: str, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+    return public(_batch(batches.get(batch_id), batch_id))
+
+
+@router.post("/v1/batches/{batch_id}/cancel", responses=error_responses(401, 404), summary="Stop a batch")
+async def cancel_batch(batch_id: str, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+    return public(_batch(batches.cancel(batch_id), batch_id))
+
+
+def _batch(record: dict[str, Any] | None, batch_id: str) -> dict[str, Any]:
+    if record is None:
+        raise ApiError(404, f"batch_id: {batch_id!r} is unknown", "batch_id")
+    return record
