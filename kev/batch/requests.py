@@ -18,7 +18,6 @@ from kev.server.limits import Limits
 from kev.server.openai_format import Kind
 from kev.server.openai_models import ChatCompletionBody, CompletionBody
 
-COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions, as on the route
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,7 @@ class RequestBuilder:
         chat.check_supported()
         messages = [m.to_engine() for m in chat.messages]
         self.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
-        queries = [{"messages": messages, **_seed(chat.choice_seed(j))} for j in range(chat.num_candidates)]
+        queries = [chat.seeded({"messages": messages}, j) for j in range(chat.num_candidates)]
         options = {"max_tokens": self.limits.default_max_tokens,
                    **chat.engine_options(chat.max_completion_tokens or chat.max_tokens), **chat.logprob_options()}
         return BatchRequest(line, queries, _ranked(options, chat.num_candidates, chat.n), "chat", chat.num_candidates,
@@ -88,13 +87,12 @@ class RequestBuilder:
     def _completion(self, line: BatchLine, body: dict[str, Any]) -> BatchRequest:
         body_ = CompletionBody.model_validate(body)
         prompts = body_.prompts
-        max_tokens = body_.max_tokens if body_.max_tokens is not None else min(COMPLETION_MAX_TOKENS, self.limits.max_tokens_cap)
+        max_tokens = body_.resolved_max_tokens(self.limits.max_tokens_cap)
         self._check(body_.model, body_.stream, len(prompts) * body_.num_candidates, max_tokens, body_.timeout_ms)
         body_.check_supported()
         for i, prompt in enumerate(prompts):
             self.limits.check_chars(len(prompt), "prompt" if body_.is_single else f"prompt[{i}]")
-        queries = [{"prompt" if isinstance(p, str) else "prompt_ids": p, **_seed(body_.choice_seed(j))}
-                   for p in prompts for j in range(body_.num_candidates)]
+        queries = body_.engine_queries()
         options = {**body_.engine_options(max_tokens), **body_.logprob_options(max_tokens)}
         return BatchRequest(line, queries, _ranked(options, body_.num_candidates, body_.n), "text", body_.num_candidates,
                             body_.n, body_.logprobs is not None, tuple(prompts) if body_.echo else None, body_.is_single,
@@ -113,10 +111,6 @@ class RequestBuilder:
 def _ranked(options: dict[str, Any], candidates: int, keep: int) -> dict[str, Any]:
     """best_of > n ranks candidates by total logprob, so every candidate records its tokens' logprobs (as the route)."""
     return {"logprobs": 0, **options} if candidates > keep else options
-
-
-def _seed(seed: int | None) -> dict[str, int]:
-    return {} if seed is None else {"seed": seed}
 
 
 def build_all(lines: list[BatchLine], builder: RequestBuilder) -> tuple[list[BatchRequest], list[LineError]]:

@@ -39,7 +39,7 @@ def paged_attention(
         out.index_fill_(0, meta.padding_rows, 0)
     batch = meta.kernel_batch if decode_kernel else None
     if batch is not None:
-        torch.ops.kev.decode_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.starts, batch.lengths,
+        torch.ops.kev.paged_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.starts, batch.lengths,
                                        q.shape[-1] ** -0.5)
     _spans_sdpa(q, cache, meta.long_chunks if decode_kernel else meta.spans, out)
     return out

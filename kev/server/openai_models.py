@@ -141,6 +141,11 @@ class _Sampling(_OpenAIBody):
                    "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
         return {key: value for key, value in options.items() if value is not None}
 
+    def seeded(self, query: dict[str, Any], choice: int) -> dict[str, Any]:
+        """The query for one of the request's candidates, with that candidate's seed if any."""
+        seed = self.choice_seed(choice)
+        return query if seed is None else {**query, "seed": seed}
+
     def choice_seed(self, choice: int) -> int | None:
         """n samples of one prompt differ, yet a seeded request stays reproducible."""
         return None if self.seed is None else (self.seed + choice) % (MAX_SEED + 1)
@@ -162,6 +167,9 @@ class ChatCompletionBody(_Sampling):
         return {"logprobs": self.top_logprobs or 0} if self.logprobs else {}
 
 
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
 class CompletionBody(_Sampling):
     # A string, a list of strings, a list of token ids, or a list of lists of token ids (OpenAI's schema).
     prompt: Text | Annotated[list[TokenId], Field(min_length=1)] | Annotated[list[Text], Field(min_length=1)] \
@@ -180,6 +188,14 @@ class CompletionBody(_Sampling):
     @property
     def is_single(self) -> bool:
         return isinstance(self.prompt, str) or isinstance(self.prompt[0], int)
+
+    def resolved_max_tokens(self, cap: int) -> int:
+        return self.max_tokens if self.max_tokens is not None else min(COMPLETION_MAX_TOKENS, cap)
+
+    def engine_queries(self) -> list[dict[str, Any]]:
+        """One engine question per prompt and candidate (a prompt's candidates are adjacent)."""
+        return [self.seeded({"prompt" if isinstance(p, str) else "prompt_ids": p}, j)
+                for p in self.prompts for j in range(self.num_candidates)]
 
     def logprob_options(self, max_tokens: int) -> dict[str, Any]:
         if max_tokens == 0 and not self.echo:

@@ -21,7 +21,6 @@ from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
 
 router = APIRouter(tags=["openai"])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
-COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
 _TOKEN_INDEX = re.compile(r"^queries\[\d+\]\.prompt_ids\[(\d+)\]: ")
 
@@ -41,7 +40,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
     body.check_supported()
     messages = [m.to_engine() for m in body.messages]
     service.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
-    queries = [{"messages": messages, **_seed(body.choice_seed(j))} for j in range(body.num_candidates)]
+    queries = [body.seeded({"messages": messages}, j) for j in range(body.num_candidates)]
     reply = Reply("chat", "", int(time.time()), service.model_name, body.num_candidates, logprobs=bool(body.logprobs))
     options = {**body.engine_options(body.max_completion_tokens or body.max_tokens), **body.logprob_options()}
     return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
@@ -52,13 +51,12 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
              summary="OpenAI completions; a list of prompts is answered in one engine run, one channel each")
 async def completions(body: CompletionBody, request: Request, service: KevService = Depends(get_service)) -> Response:
     prompts = body.prompts
-    max_tokens = body.max_tokens if body.max_tokens is not None else min(COMPLETION_MAX_TOKENS, service.limits.max_tokens_cap)
+    max_tokens = body.resolved_max_tokens(service.limits.max_tokens_cap)
     _check_common(service, body.model, len(prompts) * body.num_candidates, max_tokens, body.timeout_ms)
     body.check_supported()
     for i, prompt in enumerate(prompts):
         service.limits.check_chars(len(prompt), "prompt" if body.is_single else f"prompt[{i}]")
-    queries = [{"prompt" if isinstance(p, str) else "prompt_ids": p, **_seed(body.choice_seed(j))}
-               for p in prompts for j in range(body.num_candidates)]
+    queries = body.engine_queries()
     options = {**body.engine_options(max_tokens), **body.logprob_options(max_tokens)}
     echo = tuple(p if isinstance(p, str) else service.tokenizer().decode(p, skip_special_tokens=False)
                  for p in prompts) if body.echo else None
@@ -78,10 +76,6 @@ def _check_common(service: KevService, model: str, num_questions: int, max_token
     service.limits.check_count(num_questions, "n")
     service.limits.check_max_tokens(max_tokens, "max_tokens")
     service.limits.check_timeout(timeout_ms, "timeout_ms")
-
-
-def _seed(seed: int | None) -> dict[str, int]:
-    return {} if seed is None else {"seed": seed}
 
 
 async def _answer(service: KevService, request: Request, reply: Reply, queries: list[Any], options: dict[str, Any],

@@ -195,24 +195,24 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
 // out: [rows, heads, dim] contiguous, written at rows[i] only.
 // Query i attends to the keys at slots[starts[i] : starts[i] + lengths[i]], in position order (the rows of one
 // prefill chunk share their channel's slots, each with its own causal length).
-void decode_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
+void paged_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
                       const at::Tensor& slots, const at::Tensor& starts, const at::Tensor& lengths, double scale) {
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2) && kv.is_contiguous() && out.is_contiguous(),
-              "decode_attention: heads of a row contiguous, kv and out contiguous");
-  TORCH_CHECK(q.scalar_type() == kv.scalar_type() && q.scalar_type() == out.scalar_type(), "decode_attention: one dtype");
-  TORCH_CHECK(q.size(1) % kv.size(2) == 0, "decode_attention: heads must be a multiple of kv heads");
+              "paged_attention: heads of a row contiguous, kv and out contiguous");
+  TORCH_CHECK(q.scalar_type() == kv.scalar_type() && q.scalar_type() == out.scalar_type(), "paged_attention: one dtype");
+  TORCH_CHECK(q.size(1) % kv.size(2) == 0, "paged_attention: heads must be a multiple of kv heads");
   switch (q.scalar_type()) {
     case at::kFloat: run<float>(q, kv, out, rows, slots, starts, lengths, scale); break;
     case at::kBFloat16: run<at::BFloat16>(q, kv, out, rows, slots, starts, lengths, scale); break;
     case at::kHalf: run<at::Half>(q, kv, out, rows, slots, starts, lengths, scale); break;
-    default: TORCH_CHECK(false, "decode_attention: unsupported dtype ", q.scalar_type());
+    default: TORCH_CHECK(false, "paged_attention: unsupported dtype ", q.scalar_type());
   }
 }
 
 }  // namespace
 
 TORCH_LIBRARY(kev, m) {
-  m.def("decode_attention(Tensor q, Tensor kv, Tensor(a!) out, Tensor rows, Tensor slots, Tensor starts, Tensor lengths, float scale) -> ()");
+  m.def("paged_attention(Tensor q, Tensor kv, Tensor(a!) out, Tensor rows, Tensor slots, Tensor starts, Tensor lengths, float scale) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(kev, CPU, m) { m.impl("decode_attention", &decode_attention); }
+TORCH_LIBRARY_IMPL(kev, CPU, m) { m.impl("paged_attention", &paged_attention); }
