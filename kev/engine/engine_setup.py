@@ -73,10 +73,10 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
     """Prepack the weights and load the decode kernel for the CPU, then let the row invariance probe decide between one
     GEMM per step and fixed tiles (core.row_plan: tiles skips the probe)."""
     core = config.core
-    model.prepack(config.router.max_parallel_queries)
     param = next(model.parameters())
     if core.kernels == "auto" and param.device.type == "cpu":
         model.use_cpu_kernels(load_cpu_kernels(cache_root()))
+    model.prepack(config.router.max_parallel_queries)
     fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
     if core.row_plan == "tiles" or not core.batch_invariant:
         return fixed

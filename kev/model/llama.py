@@ -16,7 +16,7 @@ from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
 from kev.model.row_invariance import Multiply
 from kev.model.step_metadata import StepMetadata
-from kev.model.linear import Linear, PackedWeight, can_prepack, tiled_matmul
+from kev.model.linear import GemmWeight, Linear, PackedWeight, pack_weight, tiled_matmul
 
 
 class RMSNorm(nn.Module):
@@ -111,15 +111,16 @@ class LlamaModel(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False)
         self.max_positions = max_positions
         self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
-        self.packed_head: PackedWeight | None = None
+        self.packed_head: PackedWeight | GemmWeight | None = None
 
     def prepack(self, rows_hint: int) -> None:
-        """Reorder every linear weight once for the CPU kernel (no-op where it does not apply)."""
+        """Pack every linear weight once for the CPU kernel (no-op where none applies). Kev's GEMM needs the
+        C++ kernels loaded first (use_cpu_kernels)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.prepack(rows_hint)
-        if self.lm_head is None and can_prepack(self.embed_tokens.weight):
-            self.packed_head = PackedWeight(self.embed_tokens.weight, rows_hint)
+        if self.lm_head is None:
+            self.packed_head = pack_weight(self.embed_tokens.weight, None, rows_hint)
 
     def use_cpu_kernels(self, enabled: bool) -> None:
         """Kev's C++ kernels (model/kernels) for decode attention, rotary, RMSNorm and SiLU·mul."""
@@ -134,7 +135,7 @@ class LlamaModel(nn.Module):
     def kernel_identity(self) -> str:
         """What decides the bits of a linear row: the shapes and whether weights are prepacked."""
         cfg, head = self.config, self.layers[0].self_attn.qkv_proj
-        kernel = "onednn-prepacked" if head.packed is not None else "torch-linear"
+        kernel = head.packed.kernel if head.packed is not None else "torch-linear"
         return f"{cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_heads}/{cfg.num_kv_heads}/{cfg.vocab_size}/{kernel}"
 
     def row_multiplies(self, max_rows: int, max_samples: int) -> dict[str, tuple[int, Multiply, int]]:

@@ -77,12 +77,12 @@ def test_prepacked_weights_give_the_bits_of_their_verdict():
     weight = torch.randn(1536, 576).to(torch.bfloat16)
     if not can_prepack(weight):
         return
-    packed = PackedWeight(weight, 16)
-    verdict = probe({"w": (576, lambda x: packed(x, None), 96)}, torch.bfloat16, CPU, None, "test")
+    packed = PackedWeight(weight, None, 16)
+    verdict = probe({"w": (576, packed, 96)}, torch.bfloat16, CPU, None, "test")
     if not verdict.free_rows:
         return  # this CPU needs fixed tiles; tests/model/test_linear.py covers them
     plan = TilePlan(16, 64, free_rows=True, min_rows=verdict.min_rows)
     x = probe_data(96, 576, 1).to(torch.bfloat16)
-    alone = packed(torch.cat([x[5:6], x.new_zeros(plan.for_step(1)[0] - 1, 576)]), None)[0]
+    alone = packed(torch.cat([x[5:6], x.new_zeros(plan.for_step(1)[0] - 1, 576)]))[0]
     for rows in (7, 33, 96):
-        assert torch.equal(packed(x[:rows], None)[5], alone)
+        assert torch.equal(packed(x[:rows])[5], alone)
