@@ -13,12 +13,30 @@
 
 namespace {
 
-// Rows per task: a decode step's few rows run on one thread (a parallel region costs more than
-// the work, and much more when another process holds the other core); prefill rows split.
-constexpr int64_t kRowGrain = 128;
+// Rows per task: a lone question's few rows run on one thread (a parallel region costs more than
+// the work, and much more when another process holds the other core); 32 rows and more split.
+constexpr int64_t kRowGrain = 32;
 
 template <typename T>
 inline float to_f(T v) { return static_cast<float>(v); }
+inline float to_f(at::BFloat16 v) {  // the bf16 bits are the top half of the fp32's
+  const uint32_t bits = static_cast<uint32_t>(v.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+// fp32 -> T with one rounding. bf16: round to nearest even on the bits, NaN kept quiet: the same value as
+// c10::BFloat16(float), written without branches so the compiler vectorizes the loops that use it.
+template <typename T>
+inline T from_f(float f) { return static_cast<T>(f); }
+template <>
+inline at::BFloat16 from_f<at::BFloat16>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  const uint16_t rounded = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return at::BFloat16(f != f ? static_cast<uint16_t>(0x7FC0) : rounded, at::BFloat16::from_bits());
+}
 
 
 template <typename T>
@@ -37,7 +55,7 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, at::Tensor& ou
       const float inverse = 1.0f / std::sqrt(lanes[0] / static_cast<float>(width) + static_cast<float>(eps));
       T* o = op + r * width;
       // As Hugging Face: normalise in fp32, round to the model dtype, then scale by the weight.
-      for (int64_t i = 0; i < width; ++i) o[i] = static_cast<T>(to_f(wp[i]) * to_f(static_cast<T>(to_f(row[i]) * inverse)));
+      for (int64_t i = 0; i < width; ++i) o[i] = from_f<T>(to_f(wp[i]) * to_f(from_f<T>(to_f(row[i]) * inverse)));
     }
   });
 }
@@ -49,7 +67,7 @@ void add_rows(const at::Tensor& x, at::Tensor& residual) {
   const T* xp = x.data_ptr<T>();
   T* rp = residual.data_ptr<T>();
   at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * width; i < end * width; ++i) rp[i] = static_cast<T>(to_f(rp[i]) + to_f(xp[i]));
+    for (int64_t i = begin * width; i < end * width; ++i) rp[i] = from_f<T>(to_f(rp[i]) + to_f(xp[i]));
   });
 }
 
@@ -88,8 +106,8 @@ void rope_rows(at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, co
         T* x = base + r * width + h * dim;
         for (int64_t i = 0; i < half; ++i) {
           const float a = to_f(x[i]), b = to_f(x[i + half]);
-          x[i] = static_cast<T>(a * to_f(c[i]) - b * to_f(s[i]));
-          x[i + half] = static_cast<T>(b * to_f(c[i + half]) + a * to_f(s[i + half]));
+          x[i] = from_f<T>(a * to_f(c[i]) - b * to_f(s[i]));
+          x[i + half] = from_f<T>(b * to_f(c[i + half]) + a * to_f(s[i + half]));
         }
       }
     }
@@ -116,7 +134,7 @@ void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
       T* o = op + r * width;
       for (int64_t i = 0; i < width; ++i) {
         const float x = to_f(g[i]);
-        o[i] = static_cast<T>(x / (1.0f + kev::exp_approx(-x)) * to_f(u[i]));
+        o[i] = from_f<T>(x / (1.0f + kev::exp_approx(-x)) * to_f(u[i]));
       }
     }
   });
