@@ -14,8 +14,8 @@ from kev.errors import UnsupportedModelError
 
 # Kept in sync with kev/model/families.py (FAMILIES), which maps each to its model class.
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral", "qwen3", "gemma2", "phi3"}
-# The MLP activations Kev runs (Hugging Face names): SiLU (Llama) and tanh-approximated GELU (Gemma's GeGLU).
-ACTIVATIONS = {"silu", "gelu_pytorch_tanh"}
+# The MLP activation each family's code runs (Hugging Face names): SiLU, or tanh-approximated GELU (Gemma's GeGLU).
+GELU_FAMILIES = {"gemma2"}
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,11 @@ class ModelConfig:
         rope = raw.get("rope_parameters") or {}
         theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
         scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        activation = raw.get("hidden_activation") or raw.get("hidden_act", "silu")
-        if activation not in ACTIVATIONS:
-            raise UnsupportedModelError(f"config.json: hidden_activation {activation!r} is not supported "
-                                        f"(supported: {', '.join(sorted(ACTIVATIONS))})")
+        runs = "gelu_pytorch_tanh" if model_type in GELU_FAMILIES else "silu"
+        activation = raw.get("hidden_activation") or raw.get("hidden_act", runs)
+        if activation != runs:
+            raise UnsupportedModelError(f"config.json: hidden activation {activation!r} is not supported for "
+                                        f"model_type {model_type!r} (supported: {runs})")
         is_gemma = model_type.startswith("gemma")
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())

@@ -111,3 +111,16 @@ def test_packed_batch_equals_solo(family, default_model) -> None:
 
 def test_every_supported_architecture_has_a_family() -> None:
     assert set(FAMILIES) == SUPPORTED_ARCHITECTURES
+
+
+def test_refusals_name_the_key_and_what_runs() -> None:
+    from kev.errors import UnsupportedModelError
+    from kev.model.model_config import ModelConfig
+    from kev.model.rope import RotaryTable
+
+    raw = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4}
+    with pytest.raises(UnsupportedModelError, match="hidden activation 'gelu' is not supported for model_type 'llama'"):
+        ModelConfig.from_hf_dict({**raw, "model_type": "llama", "hidden_act": "gelu"})
+    phi3_128k = ModelConfig.from_hf_dict({**raw, "model_type": "phi3", "rope_scaling": {"rope_type": "longrope"}})
+    with pytest.raises(UnsupportedModelError, match="rope_scaling type 'longrope' is not supported"):
+        RotaryTable(phi3_128k.head_dim, phi3_128k.rope_theta, phi3_128k.rope_scaling, 16)
