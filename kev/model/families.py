@@ -6,7 +6,7 @@ plus batch-invariance test in tests/model/test_families.py.
 """
 from __future__ import annotations
 
-from kev.model.gemma import Gemma2Model
+from kev.model.gemma import Gemma2Model, Gemma3Model
 from kev.model.llama import LlamaModel
 from kev.model.model_config import ModelConfig
 from kev.model.phi3 import Phi3Model
@@ -18,6 +18,7 @@ FAMILIES: dict[str, type[LlamaModel]] = {
     "qwen2": LlamaModel,
     "qwen3": Qwen3Model,
     "gemma2": Gemma2Model,
+    "gemma3_text": Gemma3Model,  # text-only checkpoints (Gemma3ForCausalLM); multimodal "gemma3" is not supported
     "phi3": Phi3Model,
 }
 

@@ -112,12 +112,16 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(self.make_layer(cfg, index) for index in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False)
-        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, cfg.rotary_dim)
+        self.rope = self.make_rope()
         self.packed_head: PackedWeight | None = None
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         """Layer `index`; other families override this (kev/model/families.py)."""
         return DecoderLayer(cfg, Attention(cfg, layer_variant(cfg, index, self.max_positions)))
+
+    def make_rope(self) -> RotaryTable:
+        cfg = self.config
+        return RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, self.max_positions, cfg.rotary_dim)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

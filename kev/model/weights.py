@@ -12,7 +12,6 @@ from kev.model.families import model_class
 from kev.model.gemma import fold_norm_weights
 from kev.model.llama import LlamaModel
 from kev.model.model_config import ModelConfig
-from kev.model.rope import RotaryTable
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -51,9 +50,7 @@ def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_pos
 def _finish(model: LlamaModel, precision: str, device: torch.device) -> LlamaModel:
     dtype = DTYPES[precision]
     model = model.to(device=device, dtype=dtype).eval()
-    cfg = model.config  # the table is rebuilt: a model made on the meta device has none
-    model.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, model.max_positions,
-                             cfg.rotary_dim).to(device, dtype)
+    model.rope = model.make_rope().to(device, dtype)  # rebuilt: a model made on the meta device has no table
     return model
 
 
