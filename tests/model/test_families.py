@@ -65,11 +65,11 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return request.param, folder, reference
 
 
-def _engine(folder: Path, tokenizer, overrides: dict) -> kev.Engine:
-    config = kev.load_config({"core": {"max_context": 256, "precision": "fp32"}, "aggregator": {"timeout_ms": 600_000},
+def _engine(folder: Path, tokenizer, overrides: dict, precision: str = "fp32") -> kev.Engine:
+    config = kev.load_config({"core": {"max_context": 256, "precision": precision}, "aggregator": {"timeout_ms": 600_000},
                               "router": {"strategy": "round_robin", "max_parallel_queries": 8,
                                          "channel_pool_size": 12}}, overrides)
-    model = load_model(folder, "fp32", torch.device("cpu"), 256)
+    model = load_model(folder, precision, torch.device("cpu"), 256)
     return kev.Engine(config, build_parts(config, model, tokenizer), record_logits=True)
 
 
@@ -97,9 +97,10 @@ def test_logits_match_transformers(family, default_model, kernels: str, chunk: i
         assert result.token_ids == logits.argmax(-1).tolist()
 
 
-def test_packed_batch_equals_solo(family, default_model) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_packed_batch_equals_solo(family, default_model, precision: str) -> None:
     name, folder, _ = family
-    engine = _engine(folder, default_model[1], {"core": {"prefill_chunk": 16, "max_step_tokens": 64}})
+    engine = _engine(folder, default_model[1], {"core": {"prefill_chunk": 16, "max_step_tokens": 64}}, precision)
     try:
         prompts = _prompts() + [p[::-1] for p in _prompts()]
         ask = lambda ps: [{"prompt_ids": p, "max_tokens": 8, "ignore_eos": True} for p in ps]  # noqa: E731
@@ -112,8 +113,8 @@ def test_packed_batch_equals_solo(family, default_model) -> None:
     assert len({r.channel_id for r in packed}) == len(prompts), "each question has its own channel"
     for i, result in zip(order, packed):
         assert result.status == "ok", result.error
-        assert result.token_ids == solo[i].token_ids, f"{name}: tokens of prompt {i} differ"
-        assert torch.equal(result.logits, solo[i].logits), f"{name}: logits of prompt {i} differ"
+        assert result.token_ids == solo[i].token_ids, f"{name} ({precision}): tokens of prompt {i} differ"
+        assert torch.equal(result.logits, solo[i].logits), f"{name} ({precision}): logits of prompt {i} differ"
 
 
 def test_every_supported_architecture_has_a_family() -> None:
