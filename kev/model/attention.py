@@ -7,10 +7,33 @@ by construction rather than by masking.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 import torch.nn.functional as F
 
+from kev.model.model_config import ModelConfig
 from kev.model.step_metadata import ChannelSpan, StepMetadata
+
+
+@dataclass(frozen=True)
+class AttentionVariant:
+    """What a family changes in one layer's attention; None keeps Llama's choice."""
+
+    scale: float | None = None  # scores scale; None: head_dim ** -0.5
+    window: int | None = None  # sliding window: a query sees itself and the window - 1 keys before it
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap): neither SDPA nor the kernel has it
+
+
+def layer_variant(cfg: ModelConfig, index: int, max_positions: int) -> AttentionVariant | None:
+    """None where the layer is plain causal attention, so Llama-shaped layers keep their exact path."""
+    window = cfg.layer_windows[index] if cfg.layer_windows else None
+    if window is not None and window >= max_positions:
+        window = None  # a window as long as the context never hides a key
+    scale = cfg.query_pre_attn_scalar ** -0.5 if cfg.query_pre_attn_scalar else None
+    if window is None and scale is None and cfg.attn_logit_softcapping is None:
+        return None
+    return AttentionVariant(scale, window, cfg.attn_logit_softcapping)
 
 
 class PagedKVLayer:
@@ -25,18 +48,23 @@ class PagedKVLayer:
 
 
 def paged_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata, decode_kernel: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata, decode_kernel: bool,
+    variant: AttentionVariant | None = None,
 ) -> torch.Tensor:
     """q: [num_rows, heads, dim]; k, v: [num_rows, kv_heads, dim] for the new tokens. Returns [num_rows, heads, dim].
 
     decode_kernel: decode rows and short prefill chunks run Kev's C++ kernel (model/kernels), which reads
     each channel's keys in place, all in one call; long prefill chunks (and, without the kernel, every
-    channel) are gathered and attended with SDPA, one call per channel."""
+    channel) are gathered and attended with SDPA, one call per channel. variant: see AttentionVariant; a
+    window only narrows which keys each row reads, so every row still depends on its own channel alone."""
     new_kv = torch.stack([k, v]).index_select(1, meta.token_rows)  # [2, num_tokens, kv_heads, dim]
     cache.kv.index_copy_(1, meta.slot_mapping, new_kv)
     out = q.new_empty(q.shape)  # contiguous even where q is a view into the fused qkv rows
     if meta.padding_rows is not None:  # rows no channel owns: zeros, as every row is written below
         out.index_fill_(0, meta.padding_rows, 0)
+    if variant is not None:
+        _variant_attention(q, cache, meta, decode_kernel, variant, out)
+        return out
     batch = meta.kernel_batch if decode_kernel else None
     if batch is not None:
         torch.ops.kev.paged_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.starts, batch.lengths,
@@ -45,7 +73,61 @@ def paged_attention(
     return out
 
 
-def _spans_sdpa(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan], out: torch.Tensor) -> None:
+def _variant_attention(q: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata, decode_kernel: bool,
+                       variant: AttentionVariant, out: torch.Tensor) -> None:
+    decode_kernel = decode_kernel and variant.softcap is None
+    batch = meta.kernel_batch if decode_kernel else None
+    spans = meta.long_chunks if decode_kernel else meta.spans
+    if variant.window is not None:
+        batch = batch.windowed(variant.window) if batch is not None else None
+        spans = [windowed_span(span, variant.window) for span in spans]
+    if batch is not None:
+        scale = variant.scale if variant.scale is not None else q.shape[-1] ** -0.5
+        torch.ops.kev.paged_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.starts, batch.lengths, scale)
+    if variant.softcap is not None:
+        _spans_eager(q, cache, spans, out, variant)
+    else:
+        _spans_sdpa(q, cache, spans, out, variant.scale)
+
+
+def windowed_span(span: ChannelSpan, window: int) -> ChannelSpan:
+    """The span over only the keys some row of it can see: row at position p sees keys (p - window, p]."""
+    if span.ctx_len <= window:
+        return span  # every key is within the window of every row
+    first_row = span.ctx_len - span.q_len  # position of the chunk's first row (keys are in position order)
+    first_key = max(0, first_row - window + 1)
+    keys = torch.arange(first_key, span.ctx_len, device=span.kv_slots.device)
+    rows = torch.arange(first_row, span.ctx_len, device=span.kv_slots.device)[:, None]
+    mask = (keys <= rows) & (keys > rows - window)  # [q_len, ctx_len - first_key]
+    return replace(span, ctx_len=span.ctx_len - first_key, kv_slots=span.kv_slots[first_key:],
+                   attn_mask=None if span.q_len == 1 else mask, is_causal=False,
+                   prefix_len=max(0, span.prefix_len - first_key))
+
+
+def _spans_eager(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan], out: torch.Tensor,
+                 variant: AttentionVariant) -> None:
+    """Soft-capped attention as transformers' eager path computes it, one channel at a time (as _spans_sdpa)."""
+    scale = variant.scale if variant.scale is not None else q.shape[-1] ** -0.5
+    cap = variant.softcap
+    assert cap is not None
+    for span in spans:
+        rows = slice(span.q_start, span.q_start + span.q_len)
+        keys_values = cache.kv.index_select(1, span.kv_slots).transpose(1, 2)  # [2, kv_heads, ctx_len, dim]
+        keys_values = keys_values.repeat_interleave(q.shape[1] // keys_values.shape[1], dim=1)  # [2, heads, ctx, dim]
+        queries = q[rows].transpose(0, 1)  # [heads, q_len, dim]
+        scores = torch.matmul(queries, keys_values[0].transpose(1, 2)) * scale  # [heads, q_len, ctx_len]
+        scores = torch.tanh(scores / cap) * cap
+        mask = span.attn_mask
+        if span.is_causal and span.q_len > 1:
+            mask = torch.ones(span.q_len, span.ctx_len, dtype=torch.bool, device=q.device).tril()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out[rows] = torch.matmul(probs, keys_values[1]).transpose(0, 1)  # [q_len, heads, dim]
+
+
+def _spans_sdpa(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan], out: torch.Tensor,
+                scale: float | None = None) -> None:
     """One SDPA call per channel over exactly its own keys: torch's CPU SDPA splits its work by batch size,
     so batching channels (even of equal length) would change their bits."""
     for span in spans:
@@ -54,6 +136,6 @@ def _spans_sdpa(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan], 
         queries = q[rows].transpose(0, 1)  # [heads, q_len, dim]
         o = F.scaled_dot_product_attention(
             queries.unsqueeze(0), keys_values[0:1], keys_values[1:2],
-            attn_mask=span.attn_mask, is_causal=span.is_causal, enable_gqa=True,
+            attn_mask=span.attn_mask, is_causal=span.is_causal, enable_gqa=True, scale=scale,
         )  # [1, heads, q_len, dim]
         out[rows] = o[0].transpose(0, 1)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kev.model.attention import PagedKVLayer, paged_attention
+from kev.model.attention import AttentionVariant, PagedKVLayer, layer_variant, paged_attention
 from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
 from kev.model.row_invariance import Multiply
@@ -41,8 +41,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, variant: AttentionVariant | None = None) -> None:
         super().__init__()
+        self.variant = variant  # a family's sliding window, scale or soft-cap; None: plain causal
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
@@ -61,7 +62,7 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if not self.fused:
             q, k = rope.apply(q, meta.positions), rope.apply(k, meta.positions)
-        out = paged_attention(q, k, v, cache, meta, self.fused)
+        out = paged_attention(q, k, v, cache, meta, self.fused, self.variant)
         return self.o_proj(out.flatten(1), meta.tiles)  # [rows, hidden]
 
 
@@ -81,12 +82,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, attention: Attention | None = None, mlp: MLP | None = None) -> None:
+        """attention, mlp: a family's own (kev/model/families.py); Llama's by default."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = attention if attention is not None else Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = mlp if mlp is not None else MLP(cfg)
 
     def forward(self, x: torch.Tensor, pending: torch.Tensor | None, rope: RotaryTable, meta: StepMetadata,
                 cache: PagedKVLayer) -> torch.Tensor:
@@ -106,12 +108,23 @@ class LlamaModel(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.max_positions = max_positions
+        self.layers = nn.ModuleList(self.make_layer(cfg, index) for index in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False)
-        self.max_positions = max_positions
-        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+        self.rope = self.make_rope()
         self.packed_head: PackedWeight | GemmWeight | None = None
+
+    def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
+        """Layer `index`; other families override this (kev/model/families.py)."""
+        return DecoderLayer(cfg, Attention(cfg, layer_variant(cfg, index, self.max_positions)))
+
+    def make_rope(self) -> RotaryTable:
+        cfg = self.config
+        return RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, self.max_positions, cfg.rotary_dim)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
 
     def prepack(self, rows_hint: int) -> None:
         """Pack every linear weight once for the CPU kernel (no-op where none applies). Kev's GEMM needs the
@@ -149,7 +162,7 @@ class LlamaModel(nn.Module):
 
     def forward(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:
         """Runs the packed step; returns fp32 logits [num_samples, vocab] for meta.sample_rows only."""
-        x = self.embed_tokens(meta.input_ids)  # [rows, hidden], the residual stream
+        x = self.embed(meta.input_ids)  # [rows, hidden], the residual stream
         pending: torch.Tensor | None = None
         for layer, cache in zip(self.layers, caches):
             pending = layer(x, pending, self.rope, meta, cache)

@@ -37,10 +37,14 @@ def _llama3(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
 
 
 class RotaryTable:
-    """cos/sin for every position up to max_positions, looked up per token."""
+    """cos/sin for every position up to max_positions, looked up per token.
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int) -> None:
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
+    rotary_dim < head_dim (partial rotary, Phi-3 family): only the first rotary_dim dims of a head turn."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None, max_positions: int,
+                 rotary_dim: int | None = None) -> None:
+        self.rotary_dim = rotary_dim if rotary_dim is not None and rotary_dim < head_dim else None
+        inv_freq = inverse_frequencies(self.rotary_dim or head_dim, theta, scaling)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, head_dim / 2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
@@ -52,6 +56,12 @@ class RotaryTable:
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # x: [num_tokens, num_heads, head_dim]; positions: [num_tokens]
+        if self.rotary_dim is not None:
+            turned, kept = x.split([self.rotary_dim, x.shape[-1] - self.rotary_dim], dim=-1)
+            return torch.cat([self._rotate(turned, positions), kept], dim=-1)
+        return self._rotate(x, positions)
+
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)

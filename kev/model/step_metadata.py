@@ -93,3 +93,8 @@ class KernelBatch:
         as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
         return KernelBatch(as_tensor(rows), torch.cat([s.kv_slots for s in spans]), as_tensor(starts),
                            as_tensor(lengths))
+
+    def windowed(self, window: int) -> KernelBatch:
+        """The same rows over only their last `window` keys (a sliding-window layer): the start moves, nothing else."""
+        hidden = (self.lengths - window).clamp(min=0)
+        return KernelBatch(self.rows, self.kv_slots, self.starts + hidden, self.lengths - hidden)

@@ -1,4 +1,5 @@
-"""Build a LlamaModel from a Hugging Face folder (safetensors) or with random weights."""
+"""Build a model (the class its family runs, kev/model/families.py) from a Hugging Face folder (safetensors)
+or with random weights."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,9 +8,10 @@ import torch
 from safetensors import safe_open
 
 from kev.errors import UnsupportedModelError
+from kev.model.families import model_class
+from kev.model.gemma import fold_norm_weights
 from kev.model.llama import LlamaModel
 from kev.model.model_config import ModelConfig
-from kev.model.rope import RotaryTable
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -24,7 +26,7 @@ def load_model(folder: Path, precision: str, device: torch.device, max_positions
     cfg = ModelConfig.from_folder(folder)
     tensors = _read_safetensors(folder)
     with torch.device("meta"):
-        model = LlamaModel(cfg, max_positions)
+        model = model_class(cfg)(cfg, max_positions)
     state = _to_kev_names(tensors, cfg)
     missing = set(model.state_dict()) - set(state)
     if missing:
@@ -36,9 +38,9 @@ def load_model(folder: Path, precision: str, device: torch.device, max_positions
 def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_positions: int, seed: int = 0) -> LlamaModel:
     """Random weights of the given shapes, for benchmarks of models we do not ship."""
     generator = torch.Generator().manual_seed(seed)
-    model = LlamaModel(cfg, max_positions)
+    model = model_class(cfg)(cfg, max_positions)
     for name, param in model.named_parameters():
-        if name.endswith("layernorm.weight") or name == "norm.weight":
+        if name.endswith("norm.weight"):  # every RMSNorm, q/k norms included (Gemma's folded 1 + w: w = 0)
             param.data.fill_(1.0)
         else:
             param.data.normal_(0.0, 0.02, generator=generator)
@@ -48,8 +50,7 @@ def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_pos
 def _finish(model: LlamaModel, precision: str, device: torch.device) -> LlamaModel:
     dtype = DTYPES[precision]
     model = model.to(device=device, dtype=dtype).eval()
-    cfg = model.config  # the table is rebuilt: a model made on the meta device has none
-    model.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, model.max_positions).to(device, dtype)
+    model.rope = model.make_rope().to(device, dtype)  # rebuilt: a model made on the meta device has no table
     return model
 
 
@@ -70,10 +71,14 @@ def _to_kev_names(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
     for layer in range(cfg.num_layers):
         prefix = f"layers.{layer}."
         for fused, parts in _FUSED.items():
+            if prefix + fused + ".weight" in state:
+                continue  # stored fused already (Phi-3)
             state[prefix + fused + ".weight"] = torch.cat([state.pop(prefix + p + ".weight") for p in parts])
             if all(prefix + p + ".bias" in state for p in parts):
                 state[prefix + fused + ".bias"] = torch.cat([state.pop(prefix + p + ".bias") for p in parts])
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     state = {k: v for k, v in state.items() if "rotary_emb" not in k}
+    if cfg.model_type.startswith("gemma"):
+        fold_norm_weights(state)
     return state

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from kev.cli.main import main
+from kev.model.model_config import SUPPORTED_ARCHITECTURES
 
 REPO = Path(__file__).resolve().parents[2]
+SUPPORTED = ", ".join(sorted(SUPPORTED_ARCHITECTURES))  # gemma2, llama, mistral, phi3, qwen2, qwen3
 LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
          "num_attention_heads": 4}
 
@@ -34,7 +36,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 @pytest.mark.parametrize("command", [["run", "hi"], ["plan"], ["verify"], ["bench"], ["stress"]])
 def test_unsupported_architecture(capsys, gpt2: Path, command: list[str]) -> None:
     err = one_line_error(capsys, [*command, "--model", str(gpt2)])
-    assert f"kev {command[0]}: config.json: model_type 'gpt2' is not supported (supported: llama, mistral, qwen2)" in err
+    assert f"kev {command[0]}: config.json: model_type 'gpt2' is not supported (supported: {SUPPORTED})" in err
 
 
 def test_missing_weights(capsys, tmp_path: Path) -> None:
@@ -65,4 +67,4 @@ def test_serve_says_it_in_one_line_and_exits_2(gpt2: Path) -> None:
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == ("kev serve: config.json: model_type 'gpt2' is not supported "
-                                                    "(supported: llama, mistral, qwen2)")
+                                                    f"(supported: {SUPPORTED})")
