@@ -57,8 +57,20 @@ def paged_attention(
     each channel's keys in place, all in one call; long prefill chunks (and, without the kernel, every
     channel) are gathered and attended with SDPA, one call per channel. variant: see AttentionVariant; a
     window only narrows which keys each row reads, so every row still depends on its own channel alone."""
+    store_new_kv(k, v, cache, meta)
+    return attend(q, cache, meta, decode_kernel, variant)
+
+
+def store_new_kv(k: torch.Tensor, v: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata) -> None:
+    """The step's real tokens' keys and values into their cache slots (torch ops; the C++ path fuses this
+    with rotary: rope_store_kv_)."""
     new_kv = torch.stack([k, v]).index_select(1, meta.token_rows)  # [2, num_tokens, kv_heads, dim]
     cache.kv.index_copy_(1, meta.slot_mapping, new_kv)
+
+
+def attend(q: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata, decode_kernel: bool,
+           variant: AttentionVariant | None = None) -> torch.Tensor:
+    """q: [num_rows, heads, dim] over keys already in the cache; see paged_attention."""
     out = q.new_empty(q.shape)  # contiguous even where q is a view into the fused qkv rows
     if meta.padding_rows is not None:  # rows no channel owns: zeros, as every row is written below
         out.index_fill_(0, meta.padding_rows, 0)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kev.model.attention import AttentionVariant, PagedKVLayer, layer_variant, paged_attention
+from kev.model.attention import AttentionVariant, PagedKVLayer, attend, layer_variant, paged_attention
 from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
 from kev.model.row_invariance import Multiply
@@ -53,16 +53,18 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RotaryTable, meta: StepMetadata, cache: PagedKVLayer) -> torch.Tensor:
         qkv = self.qkv_proj(x, meta.tiles)  # [rows, (heads + 2 kv_heads) * dim]
-        if self.fused:
-            torch.ops.kev.rope_(qkv, rope.cos, rope.sin, meta.positions, self.num_heads + self.num_kv_heads,
-                                self.head_dim)
-        q, k, v = qkv.split(self.split_sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # [rows, heads, dim]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [rows, kv_heads, dim]
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if not self.fused:
+        if self.fused:  # rotary in place and the new keys/values into the cache: one C++ call
+            torch.ops.kev.rope_store_kv_(qkv, cache.kv, rope.cos, rope.sin, meta.positions, meta.token_rows,
+                                         meta.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim)
+            q = qkv.narrow(1, 0, self.split_sizes[0]).view(-1, self.num_heads, self.head_dim)
+            out = attend(q, cache, meta, True, self.variant)
+        else:
+            q, k, v = qkv.split(self.split_sizes, dim=-1)
+            q = q.view(-1, self.num_heads, self.head_dim)  # [rows, heads, dim]
+            k = k.view(-1, self.num_kv_heads, self.head_dim)  # [rows, kv_heads, dim]
+            v = v.view(-1, self.num_kv_heads, self.head_dim)
             q, k = rope.apply(q, meta.positions), rope.apply(k, meta.positions)
-        out = paged_attention(q, k, v, cache, meta, self.fused, self.variant)
+            out = paged_attention(q, k, v, cache, meta, False, self.variant)
         return self.o_proj(out.flatten(1), meta.tiles)  # [rows, hidden]
 
 

@@ -122,6 +122,40 @@ void rope_(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin, const a
                                   [&] { rope_rows<scalar_t>(qkv, cos, sin, positions, rotated_heads, dim); });
 }
 
+// After rotary: each real token's k and v heads (rows token_rows[i] of qkv) into cache slot slot_mapping[i] of
+// kv [2, slots, kv_heads, dim]. One memcpy per token and half: the copy torch did with stack, index_select and
+// index_copy_, without the two temporaries.
+void store_kv(const at::Tensor& qkv, at::Tensor& kv, const at::Tensor& token_rows, const at::Tensor& slot_mapping,
+              int64_t heads, int64_t kv_heads, int64_t dim) {
+  const int64_t tokens = token_rows.size(0), width = qkv.size(1), num_slots = kv.size(1);
+  const int64_t bytes = kv_heads * dim * qkv.element_size();
+  const auto* src = static_cast<const char*>(qkv.data_ptr());
+  auto* dst = static_cast<char*>(kv.data_ptr());
+  const int64_t* rows = token_rows.data_ptr<int64_t>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t row_bytes = width * qkv.element_size(), k_offset = heads * dim * qkv.element_size();
+  for (int64_t i = 0; i < tokens; ++i) {
+    TORCH_CHECK(slots[i] >= 0 && slots[i] < num_slots, "rope_store_kv_: slot out of range");
+    const char* row = src + rows[i] * row_bytes + k_offset;
+    std::memcpy(dst + slots[i] * bytes, row, bytes);  // K
+    std::memcpy(dst + (num_slots + slots[i]) * bytes, row + bytes, bytes);  // V
+  }
+}
+
+// rope_ on the q and k heads of every row, then the new tokens' k and v into the paged cache.
+void rope_store_kv_(at::Tensor qkv, at::Tensor kv, const at::Tensor& cos, const at::Tensor& sin,
+                    const at::Tensor& positions, const at::Tensor& token_rows, const at::Tensor& slot_mapping,
+                    int64_t heads, int64_t kv_heads, int64_t dim) {
+  TORCH_CHECK(kv.is_contiguous() && kv.dim() == 4 && kv.size(2) == kv_heads && kv.size(3) == dim,
+              "rope_store_kv_: kv must be a contiguous [2, slots, kv_heads, dim] cache");
+  TORCH_CHECK(kv.scalar_type() == qkv.scalar_type() && qkv.size(1) == (heads + 2 * kv_heads) * dim,
+              "rope_store_kv_: qkv must be [rows, (heads + 2 kv_heads) * dim] in the cache dtype");
+  TORCH_CHECK(token_rows.is_contiguous() && slot_mapping.is_contiguous() && token_rows.size(0) == slot_mapping.size(0),
+              "rope_store_kv_: one slot per token row");
+  rope_(qkv, cos, sin, positions, heads + kv_heads, dim);
+  store_kv(qkv, kv, token_rows, slot_mapping, heads, kv_heads, dim);
+}
+
 template <typename T>
 void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
   const int64_t rows = gate_up.size(0), width = out.size(1);
@@ -155,6 +189,8 @@ TORCH_LIBRARY_FRAGMENT(kev, m) {
   m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor positions, int rotated_heads, int dim) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("rope_store_kv_(Tensor(a!) qkv, Tensor(b!) kv, Tensor cos, Tensor sin, Tensor positions, Tensor token_rows, "
+        "Tensor slot_mapping, int heads, int kv_heads, int dim) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kev, CPU, m) {
@@ -162,4 +198,5 @@ TORCH_LIBRARY_IMPL(kev, CPU, m) {
   m.impl("add_rms_norm", &add_rms_norm);
   m.impl("rope_", &rope_);
   m.impl("silu_mul", &silu_mul);
+  m.impl("rope_store_kv_", &rope_store_kv_);
 }
