@@ -16,6 +16,7 @@ from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
 from kev.model.row_invariance import Multiply
 from kev.model.step_metadata import StepMetadata
+from kev.model.fused_layers import FusedLayers
 from kev.model.linear import GemmWeight, Linear, PackedWeight, pack_weight, tiled_matmul
 
 
@@ -116,6 +117,7 @@ class LlamaModel(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False)
         self.rope = self.make_rope()
         self.packed_head: PackedWeight | GemmWeight | None = None
+        self.fused_layers: FusedLayers | None = None  # every layer in one C++ call (after prepack)
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         """Layer `index`; other families override this (kev/model/families.py)."""
@@ -136,6 +138,7 @@ class LlamaModel(nn.Module):
                 module.prepack(rows_hint)
         if self.lm_head is None:
             self.packed_head = pack_weight(self.embed_tokens.weight, None, rows_hint)
+        self.fused_layers = FusedLayers.build(self)
 
     def use_cpu_kernels(self, enabled: bool) -> None:
         """Kev's C++ kernels (model/kernels) for decode attention, rotary, RMSNorm and SiLU·mul."""
@@ -165,9 +168,11 @@ class LlamaModel(nn.Module):
     def forward(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:
         """Runs the packed step; returns fp32 logits [num_samples, vocab] for meta.sample_rows only."""
         x = self.embed(meta.input_ids)  # [rows, hidden], the residual stream
-        pending: torch.Tensor | None = None
-        for layer, cache in zip(self.layers, caches):
-            pending = layer(x, pending, self.rope, meta, cache)
+        fused = self.fused_layers if self.cpu_kernels else None
+        pending = fused.run(x, meta, caches, self.rope.cos, self.rope.sin) if fused is not None else None
+        if pending is None:
+            for layer, cache in zip(self.layers, caches):
+                pending = layer(x, pending, self.rope, meta, cache)
         picked = x.index_select(0, meta.sample_rows)  # [samples, hidden]
         if pending is not None:
             picked = picked + pending.index_select(0, meta.sample_rows)

@@ -24,7 +24,7 @@
 #define KEV_HAS_GEMM 0
 #endif
 
-namespace {
+namespace kev {
 
 #if KEV_HAS_GEMM
 
@@ -166,11 +166,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
 
 bool linear_available() { return KEV_HAS_GEMM; }
 
-}  // namespace
+}  // namespace kev
 
 TORCH_LIBRARY_FRAGMENT(kev, m) {
   m.def("linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
-  m.def("linear_available() -> bool", &linear_available);
+  m.def("linear_available() -> bool", &kev::linear_available);
 }
 
-TORCH_LIBRARY_IMPL(kev, CPU, m) { m.impl("linear", &linear); }
+TORCH_LIBRARY_IMPL(kev, CPU, m) { m.impl("linear", &kev::linear); }

@@ -18,7 +18,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace {
+namespace kev {
 
 constexpr int kLanes = 16;
 
@@ -209,10 +209,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, 
   }
 }
 
-}  // namespace
+}  // namespace kev
 
 TORCH_LIBRARY(kev, m) {
   m.def("paged_attention(Tensor q, Tensor kv, Tensor(a!) out, Tensor rows, Tensor slots, Tensor starts, Tensor lengths, float scale) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(kev, CPU, m) { m.impl("paged_attention", &paged_attention); }
+TORCH_LIBRARY_IMPL(kev, CPU, m) { m.impl("paged_attention", &kev::paged_attention); }

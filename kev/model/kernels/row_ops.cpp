@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace {
+namespace kev {
 
 // Rows per task: a lone question's few rows run on one thread (a parallel region costs more than
 // the work, and much more when another process holds the other core); 32 rows and more split.
@@ -182,7 +182,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-}  // namespace
+}  // namespace kev
 
 TORCH_LIBRARY_FRAGMENT(kev, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -194,9 +194,9 @@ TORCH_LIBRARY_FRAGMENT(kev, m) {
 }
 
 TORCH_LIBRARY_IMPL(kev, CPU, m) {
-  m.impl("rms_norm", &rms_norm);
-  m.impl("add_rms_norm", &add_rms_norm);
-  m.impl("rope_", &rope_);
-  m.impl("silu_mul", &silu_mul);
-  m.impl("rope_store_kv_", &rope_store_kv_);
+  m.impl("rms_norm", &kev::rms_norm);
+  m.impl("add_rms_norm", &kev::add_rms_norm);
+  m.impl("rope_", &kev::rope_);
+  m.impl("silu_mul", &kev::silu_mul);
+  m.impl("rope_store_kv_", &kev::rope_store_kv_);
 }

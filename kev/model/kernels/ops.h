@@ -1,0 +1,21 @@
+// Kev's C++ ops as functions, so one op (decoder_layers.cpp) can chain them without the dispatcher.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace kev {
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
+                  int64_t out_features);
+void paged_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
+                     const at::Tensor& slots, const at::Tensor& starts, const at::Tensor& lengths, double scale);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor residual, const at::Tensor& weight, double eps);
+void rope_store_kv_(at::Tensor qkv, at::Tensor kv, const at::Tensor& cos, const at::Tensor& sin,
+                    const at::Tensor& positions, const at::Tensor& token_rows, const at::Tensor& slot_mapping,
+                    int64_t heads, int64_t kv_heads, int64_t dim);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
+}  // namespace kev
