@@ -136,6 +136,92 @@ void task_vector(const float* query, const T* k_ptr, const T* v_ptr, const int64
     }
   }
 }
+
+// Sums of 16 vectors: lane i of the result is the sum of a[i]'s 16 lanes, by one fixed tree of
+// in-register shuffles (the scores of 16 keys at once, instead of one horizontal sum per key).
+inline __m512 sum16(const __m512* a) {
+  __m512 u[8], w[4];
+  for (int j = 0; j < 8; ++j)
+    u[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+  for (int m = 0; m < 4; ++m)
+    w[m] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * m], u[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * m], u[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(w[2], w[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(y01, y23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// One (channel, kv head) task with the group's G queries and their outputs in registers
+// (G * kVec <= 24 of the 32 zmm): scores 16 keys at a time, then values. Every step's order is
+// fixed by the channel's own length, never by other channels.
+template <typename T, int kVec, int G>
+void task_group(const float* query, const T* k_ptr, const T* v_ptr, const int64_t* slots, int64_t length,
+                int64_t kv_heads, int64_t kv_head, float scale, float* scores, float* acc) {
+  constexpr int64_t dim = 16 * kVec;
+  __m512 q[G][kVec];
+  for (int g = 0; g < G; ++g)
+    for (int v = 0; v < kVec; ++v) q[g][v] = _mm512_loadu_ps(query + g * dim + 16 * v);
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  __m512 part[G][16];
+  for (int64_t t0 = 0; t0 < length; t0 += 16) {
+    const int n = static_cast<int>(length - t0 < 16 ? length - t0 : 16);
+    for (int i = 0; i < 16; ++i) {
+      if (i >= n) {
+        for (int g = 0; g < G; ++g) part[g][i] = _mm512_setzero_ps();
+        continue;
+      }
+      const T* key = k_ptr + (slots[t0 + i] * kv_heads + kv_head) * dim;
+      __m512 k[kVec];
+      for (int v = 0; v < kVec; ++v) k[v] = load16(key + 16 * v);
+      for (int g = 0; g < G; ++g) {
+        __m512 sum = _mm512_mul_ps(q[g][0], k[0]);
+        for (int v = 1; v < kVec; ++v) sum = _mm512_fmadd_ps(q[g][v], k[v], sum);
+        part[g][i] = sum;
+      }
+    }
+    const __mmask16 mask = static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1u);
+    for (int g = 0; g < G; ++g)
+      _mm512_mask_storeu_ps(scores + g * length + t0, mask, _mm512_mul_ps(sum16(part[g]), scale_v));
+  }
+  softmax_rows(scores, G, length);
+  __m512 out[G][kVec];
+  for (int g = 0; g < G; ++g)
+    for (int v = 0; v < kVec; ++v) out[g][v] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < length; ++t) {
+    const T* value = v_ptr + (slots[t] * kv_heads + kv_head) * dim;
+    __m512 x[kVec];
+    for (int v = 0; v < kVec; ++v) x[v] = load16(value + 16 * v);
+    for (int g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(scores[g * length + t]);
+      for (int v = 0; v < kVec; ++v) out[g][v] = _mm512_fmadd_ps(p, x[v], out[g][v]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int v = 0; v < kVec; ++v) _mm512_storeu_ps(acc + g * dim + 16 * v, out[g][v]);
+}
+
+// task_group for the group sizes whose queries fit in registers; false where none does.
+template <typename T, int kVec>
+bool grouped(int64_t group, const float* query, const T* k_ptr, const T* v_ptr, const int64_t* slots, int64_t length,
+             int64_t kv_heads, int64_t kv_head, float scale, float* scores, float* acc) {
+  switch (group) {
+    case 1: task_group<T, kVec, 1>(query, k_ptr, v_ptr, slots, length, kv_heads, kv_head, scale, scores, acc); return true;
+    case 2: task_group<T, kVec, 2>(query, k_ptr, v_ptr, slots, length, kv_heads, kv_head, scale, scores, acc); return true;
+    case 3: task_group<T, kVec, 3>(query, k_ptr, v_ptr, slots, length, kv_heads, kv_head, scale, scores, acc); return true;
+    default: break;
+  }
+  if constexpr (kVec == 4) {
+    switch (group) {
+      case 4: task_group<T, 4, 4>(query, k_ptr, v_ptr, slots, length, kv_heads, kv_head, scale, scores, acc); return true;
+      case 5: task_group<T, 4, 5>(query, k_ptr, v_ptr, slots, length, kv_heads, kv_head, scale, scores, acc); return true;
+      default: break;
+    }
+  }
+  return false;
+}
 #endif
 
 template <typename T>
@@ -165,6 +251,10 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
       if constexpr (std::is_same_v<T, at::Half>) {
         task_scalar(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, dim, scale_f,
                     scores.data(), acc.data(), key.data());
+      } else if (dim == 64 && grouped<T, 4>(group, query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads,
+                                            kv_head, scale_f, scores.data(), acc.data())) {
+      } else if (dim == 128 && grouped<T, 8>(group, query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads,
+                                             kv_head, scale_f, scores.data(), acc.data())) {
       } else if (dim == 64) {
         task_vector<T, 4>(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, scale_f,
                           scores.data(), acc.data());
