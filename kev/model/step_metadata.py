@@ -12,9 +12,11 @@ from functools import cached_property
 import torch
 
 # Prefill chunks of at most this many rows go to the attention kernel with the decode rows (one call per
-# layer); longer ones to SDPA, whose GEMMs win there. A chunk's length depends only on its own question,
-# so which path it takes does too.
-KERNEL_MAX_CHUNK = 48
+# layer); longer ones to SDPA. A chunk's length depends only on its own question, so which path it takes
+# does too. Measured on this CPU (bf16, 1 thread, one layer): a 128-row chunk over 128 keys 0.36 ms in the
+# kernel vs 0.69 ms gather + SDPA, over 355 keys 1.62 vs 1.85 ms; so every chunk of the default
+# prefill_chunk (128) takes the kernel, and with it the fused layer op.
+KERNEL_MAX_CHUNK = 128
 
 
 @dataclass
