@@ -2,7 +2,7 @@
 linear stack (30 layers' qkv / o / gate_up / down with distinct weights, so they stream from memory as in
 a real step, plus the tied lm_head), bf16, at M rows; also checks that Kev's rows never depend on M.
 
-    .venv/bin/python bench/gemm_vs_onednn.py [--threads 2]
+    .venv/bin/python bench/gemm_vs_onednn.py [--threads 2] [--rows 1,16,64]
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def median_ms(fn, repeats: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", default="1,2,4,8,16,32,64,128,512", help="row counts M, comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load_cpu_kernels(cache_root())
@@ -46,7 +47,7 @@ def main() -> None:
     same = all(torch.equal(kev_stack[0][3](x[:m]), reference[:m]) for m in range(1, 81))
     print(f"Kev's GEMM rows identical at every M in 1..80: {same}")
     print(f"{'M':>5} {'Kev ms':>8} {'oneDNN ms':>10} {'oneDNN / Kev':>13}")
-    for m in (1, 2, 4, 8, 16, 32, 64, 128):
+    for m in (int(r) for r in args.rows.split(",")):
         onednn = [[PackedWeight(w, None, m) for w in layer] for layer in weights] + [[PackedWeight(head, None, m)]]
         timings = []
         for stack in (kev_stack, onednn):

@@ -74,9 +74,9 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
     GEMM per step and fixed tiles (core.row_plan: tiles skips the probe)."""
     core = config.core
     param = next(model.parameters())
-    if core.kernels == "auto" and param.device.type == "cpu":
-        model.use_cpu_kernels(load_cpu_kernels(cache_root()))
-    model.prepack(config.router.max_parallel_queries)
+    kernels = core.kernels == "auto" and param.device.type == "cpu" and load_cpu_kernels(cache_root())
+    model.use_cpu_kernels(kernels)  # off also where an earlier engine in this process turned them on
+    model.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
     fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
     if core.row_plan == "tiles" or not core.batch_invariant:
         return fixed

@@ -72,9 +72,11 @@ class GemmWeight:
         return torch.ops.kev.linear(x.contiguous(), self.packed, self.bias, self.out_features)
 
 
-def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int) -> PackedWeight | GemmWeight | None:
-    """The fastest row-invariant packing that applies, or None (F.linear over fixed tiles)."""
-    if can_use_kev_gemm(weight):
+def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int,
+                kev_gemm: bool) -> PackedWeight | GemmWeight | None:
+    """The fastest row-invariant packing that applies, or None (F.linear over fixed tiles). kev_gemm: Kev's C++
+    kernels are in use (core.kernels: auto and they built)."""
+    if kev_gemm and can_use_kev_gemm(weight):
         return GemmWeight(weight, bias)
     if can_prepack(weight):
         return PackedWeight(weight, bias, rows_hint)
@@ -90,8 +92,8 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.packed: PackedWeight | GemmWeight | None = None
 
-    def prepack(self, rows_hint: int) -> None:
-        self.packed = pack_weight(self.weight, self.bias, rows_hint)
+    def prepack(self, rows_hint: int, kev_gemm: bool) -> None:
+        self.packed = pack_weight(self.weight, self.bias, rows_hint, kev_gemm)
 
     def forward(self, x: torch.Tensor, tiles: list[int]) -> torch.Tensor:
         # x: [sum(tiles), in_features]; each tile is multiplied on its own.

@@ -130,14 +130,14 @@ class LlamaModel(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def prepack(self, rows_hint: int) -> None:
+    def prepack(self, rows_hint: int, kev_gemm: bool = False) -> None:
         """Pack every linear weight once for the CPU kernel (no-op where none applies). Kev's GEMM needs the
         C++ kernels loaded first (use_cpu_kernels)."""
         for module in self.modules():
             if isinstance(module, Linear):
-                module.prepack(rows_hint)
+                module.prepack(rows_hint, kev_gemm)
         if self.lm_head is None:
-            self.packed_head = pack_weight(self.embed_tokens.weight, None, rows_hint)
+            self.packed_head = pack_weight(self.embed_tokens.weight, None, rows_hint, kev_gemm)
         self.fused_layers = FusedLayers.build(self)
 
     def use_cpu_kernels(self, enabled: bool) -> None:
