@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kev.model.attention import PagedKVLayer
-from kev.model.linear import GemmWeight, Linear
+from kev.model.linear import GemmWeight
 from kev.model.step_metadata import StepMetadata
 
 if TYPE_CHECKING:
@@ -37,27 +37,27 @@ class FusedLayers:
 
         weights: list[torch.Tensor] = []
         biases: list[torch.Tensor | None] = []
+        out_features: list[int] = []
+        eps = 0.0
         for layer in model.layers:
-            if not (type(layer) is DecoderLayer and type(layer.self_attn) is Attention and type(layer.mlp) is MLP
+            if not (isinstance(layer, DecoderLayer) and type(layer) is DecoderLayer
+                    and type(layer.self_attn) is Attention and type(layer.mlp) is MLP
                     and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
                     and layer.self_attn.variant is None):
                 return None
             attn, mlp = layer.self_attn, layer.mlp
-            linears: list[Linear] = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
-            packed = [linear.packed for linear in linears]
-            if not all(isinstance(p, GemmWeight) for p in packed):
+            packed = [linear.packed for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            gemms = [p for p in packed if isinstance(p, GemmWeight)]
+            if len(gemms) != len(packed):
                 return None
-            qkv, o, gate_up, down = (p for p in packed if isinstance(p, GemmWeight))
+            qkv, o, gate_up, down = gemms
             weights += [layer.input_layernorm.weight, qkv.packed, o.packed, layer.post_attention_layernorm.weight,
                         gate_up.packed, down.packed]
-            biases += [qkv.bias, o.bias, gate_up.bias, down.bias]
-        first = model.layers[0]
-        out_features = [p.out_features for p in (first.self_attn.qkv_proj.packed, first.self_attn.o_proj.packed,
-                                                 first.mlp.gate_up_proj.packed, first.mlp.down_proj.packed)
-                        if isinstance(p, GemmWeight)]
+            biases += [p.bias for p in gemms]
+            out_features = [p.out_features for p in gemms]
+            eps = layer.input_layernorm.eps
         cfg = model.config
-        return FusedLayers(weights, biases, out_features, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                           first.input_layernorm.eps)
+        return FusedLayers(weights, biases, out_features, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps)
 
     def run(self, x: torch.Tensor, meta: StepMetadata, caches: list[PagedKVLayer], cos: torch.Tensor,
             sin: torch.Tensor) -> torch.Tensor | None:

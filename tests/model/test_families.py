@@ -22,8 +22,8 @@ from kev.model.weights import load_model
 
 transformers = pytest.importorskip("transformers")
 
-SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, pad_token_id=0,
-             eos_token_id=2, num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.15)
+SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             pad_token_id=0, eos_token_id=2, num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.15)
 WINDOW = 16
 
 CONFIGS = {
@@ -56,7 +56,8 @@ def _randomise(model: torch.nn.Module) -> None:
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
-def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, torch.nn.Module]:
+def family(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, torch.nn.Module]:
     torch.manual_seed(0)
     reference = transformers.AutoModelForCausalLM.from_config(CONFIGS[request.param](), dtype=torch.float32).eval()
     _randomise(reference)
@@ -66,7 +67,8 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def _engine(folder: Path, tokenizer, overrides: dict, precision: str = "fp32") -> kev.Engine:
-    config = kev.load_config({"core": {"max_context": 256, "precision": precision}, "aggregator": {"timeout_ms": 600_000},
+    config = kev.load_config({"core": {"max_context": 256, "precision": precision},
+                              "aggregator": {"timeout_ms": 600_000},
                               "router": {"strategy": "round_robin", "max_parallel_queries": 8,
                                          "channel_pool_size": 12}}, overrides)
     model = load_model(folder, precision, torch.device("cpu"), 256)
@@ -87,7 +89,8 @@ def test_logits_match_transformers(family, default_model, kernels: str, chunk: i
     engine = _engine(folder, default_model[1], {"core": {"prefill_chunk": chunk, "kernels": kernels}})
     try:
         prompts = _prompts()
-        results = engine.generate([{"prompt_ids": p, "max_tokens": 6, "ignore_eos": True} for p in prompts], timeout=300)
+        questions = [{"prompt_ids": p, "max_tokens": 6, "ignore_eos": True} for p in prompts]
+        results = engine.generate(questions, timeout=300)
     finally:
         engine.close()
     for prompt, result in zip(prompts, results):
@@ -128,7 +131,8 @@ def test_refusals_name_the_key_and_what_runs() -> None:
     from kev.model.model_config import ModelConfig
     from kev.model.rope import RotaryTable
 
-    raw = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4}
+    raw = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 4}
     with pytest.raises(UnsupportedModelError, match="hidden activation 'gelu' is not supported for model_type 'llama'"):
         ModelConfig.from_hf_dict({**raw, "model_type": "llama", "hidden_act": "gelu"})
     phi3_128k = ModelConfig.from_hf_dict({**raw, "model_type": "phi3", "rope_scaling": {"rope_type": "longrope"}})
