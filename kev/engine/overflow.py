@@ -44,7 +44,7 @@ def place_all(scheduler: Scheduler, questions: list[Question], policy: str,
             _wait_until_bound(scheduler, placed, wait_for_room)
     except (RejectedError, OverflowTimeoutError):
         for q in placed:
-            scheduler.finish(q, "cancelled", "cancelled", "withdrawn: its request was not accepted")
+            scheduler.finish(q, "cancelled", "withdrawn: its request was not accepted")
         raise
 
 

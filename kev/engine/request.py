@@ -22,6 +22,7 @@ class StreamEvent:
     finished: bool = False
     result: Result | None = None  # set on the final event of a question
     logprobs: list[Any] = field(default_factory=list)  # one entry per token in token_ids (when logprobs were asked)
+    request_id: str = ""  # whose question (set on every event of an engine's stream)
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Request:
 
     def add_result(self, result: Result) -> None:
         self.results[result.index] = result
-        self.events.put(StreamEvent(result.index, result.channel_id, "", [], True, result))
+        self.events.put(StreamEvent(result.index, result.channel_id, "", [], True, result, request_id=self.request_id))
         if len(self.results) == self.num_questions:
             self.done.set()
 

@@ -6,8 +6,6 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
@@ -111,7 +109,7 @@ def build_questions(queries: list[Any], request_id: str, options: SubmitOptions,
     read, errors = read_questions(queries, request_id, options, tokenizer, config, vocab_size, router, grammars)
     questions: list[Question] = []
     for r in read:
-        q = _question(r.spec, r.prompt_ids, request_id, r.index, options.isolation, tokenizer)
+        q = _question(r.spec, r.prompt_ids, request_id, r.index, options.isolation)
         q.shadow = random.random() < config.isolation.shadow_rate
         if r.grammar is not None:
             q.grammar_spec, q.grammar = r.grammar, r.grammar.start()
@@ -160,24 +158,9 @@ def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_
     return ids
 
 
-def shadow_copy(q: Question, tokenizer: Tokenizer) -> Question:
-    """The same question, to be run alone: same prompt, prefix, sampling and seed."""
-    copy = Question(q.request_id, q.index, list(q.prompt_ids), q.sampling, 2**31, q.priority, q.isolation,
-                    q.original_text, list(q.prefix_ids), q.prefix_public, shadow_of=q, seed=q.seed)
-    if q.seed is not None:
-        copy.generator = torch.Generator().manual_seed(q.seed)
-    copy.decoder = tokenizer.incremental_decoder()
-    if q.grammar_spec is not None:
-        copy.grammar_spec, copy.grammar = q.grammar_spec, q.grammar_spec.start()
-    return copy
-
-
-def _question(spec: QuestionSpec, prompt_ids: list[int], request_id: str, index: int, isolation: str,
-              tokenizer: Tokenizer) -> Question:
-    q = Question(request_id, index, prompt_ids, spec.sampling, spec.timeout_ms,
-                 spec.priority, isolation, spec.original_text)
+def _question(spec: QuestionSpec, prompt_ids: list[int], request_id: str, index: int, isolation: str) -> Question:
+    seed = None
     if not spec.sampling.is_greedy:
-        q.seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
-        q.generator = torch.Generator().manual_seed(q.seed)
-    q.decoder = tokenizer.incremental_decoder()
-    return q
+        seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
+    return Question(request_id, index, prompt_ids, spec.sampling, spec.timeout_ms, spec.priority, isolation,
+                    spec.original_text, seed=seed)

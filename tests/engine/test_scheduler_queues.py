@@ -113,7 +113,7 @@ def test_random_lifecycle_loses_and_duplicates_nothing():
             if rng.random() < 0.3:
                 s.finish(q, "stop")
         if rng.random() < 0.05 and s.waiting():
-            s.finish(rng.choice(s.waiting()), "cancelled", "cancelled")
+            s.finish(rng.choice(s.waiting()), "cancelled")
         places = [id(q) for q in s.running] + [id(q) for q in s.waiting()]
         assert len(places) == len(set(places))
         for q in everyone:
