@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--isolation", choices=["strict", "shared", "loose"])
     parser.add_argument("--system", help="a shared system prompt")
-    parser.add_argument("--timeout-ms", type=int, help="per-question timeout (default: aggregator.timeout_ms)")
+    parser.add_argument("--timeout-ms", type=int, help="per-question timeout (default: router.default_timeout_ms)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all answers")
     parser.add_argument("--json", action="store_true", help="one JSON object per result per line")
 

@@ -23,6 +23,9 @@ from kev.config.deploy_config import DeployConfig
 from kev.distributed.subjects import Topology
 
 log = logging.getLogger("kev.distributed")
+# What a call to NATS raises when NATS is away or slow (it comes back by itself): caught where a retry follows.
+# Anything else is a bug and propagates.
+NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, OSError, asyncio.TimeoutError)
 Callback = Callable[[], Awaitable[None]]
 
 

@@ -42,7 +42,7 @@ class QuestionRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     index: int = Field(ge=0)
-    expires_at: float | None = None  # None: no deadline (neither the request nor aggregator.timeout_ms set one)
+    expires_at: float | None = None  # None: no deadline (neither the request nor router.default_timeout_ms set one)
     original_text: str | None = None
     hash_bucket: int | None = None
     category: str | None = None

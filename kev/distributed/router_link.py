@@ -19,7 +19,7 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
 from kev.config.deploy_config import DeployConfig
-from kev.distributed.connection import Link, connect_forever, topology_of
+from kev.distributed.connection import NATS_ERRORS, Link, connect_forever, topology_of
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import RequestRecord, WorkItem
 from kev.distributed.placement import PartitionLoads
@@ -103,7 +103,7 @@ class RouterLink:
             infos = await asyncio.gather(*(link.js.consumer_info(self.topology.work_stream, durable)
                                            for durable, _ in consumers))
             aggregator = await link.js.consumer_info(self.topology.results_stream, self.topology.aggregator_consumer)
-        except Exception as err:  # NATS went away mid-poll: keep the last counts
+        except NATS_ERRORS as err:  # NATS went away mid-poll: keep the last counts
             log.debug("router %s: backlog poll failed: %s", self.router_id, err)
             return
         if aggregator.num_waiting:
@@ -150,7 +150,7 @@ class RouterLink:
         if self.link is not None:
             try:
                 await asyncio.wait_for(self.link.nc.flush(), 2)
-            except Exception as err:
+            except NATS_ERRORS as err:
                 log.debug("router %s: final flush: %s", self.router_id, err)
             await self.link.nc.close()
 

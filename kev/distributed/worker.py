@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
-from kev.distributed.connection import Link, connect_forever
+from kev.distributed.connection import NATS_ERRORS, Link, connect_forever
 from kev.distributed.dead_letter import reject
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import MalformedMessage, WorkerStatus, WorkItem, decode
@@ -95,7 +95,7 @@ class Worker:
                 msgs += await sub.fetch(free - len(msgs), timeout=GATHER_S)
         except asyncio.TimeoutError:
             pass
-        except Exception as err:  # NATS went away: the connection comes back by itself
+        except NATS_ERRORS as err:  # NATS went away: the connection comes back by itself
             log.debug("worker %s: fetch failed: %s", self.worker_id, err)
             await self._wait(self.stopping, timeout)
             return 0
@@ -239,7 +239,7 @@ class Worker:
     async def _guarded(self, awaitable: Any) -> None:
         try:
             await awaitable
-        except Exception as err:
+        except NATS_ERRORS as err:
             log.debug("worker %s: %s", self.worker_id, err)
 
     @staticmethod

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import nats.errors
 from nats.aio.msg import Msg
 
 from kev.aggregator.result import Result
@@ -37,7 +38,7 @@ class Job:
     def attempt(self) -> int:
         try:
             return self.msg.metadata.num_delivered or 1
-        except Exception:  # not a JetStream delivery (tests that hand-craft one)
+        except nats.errors.NotJSMessageError:  # a plain NATS message (no JetStream metadata): its first delivery
             return 1
 
     def fail(self, message: str) -> None:

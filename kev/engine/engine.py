@@ -79,7 +79,6 @@ class Engine:
         self.output = OutputProcessor(self.tokenizer, settings, self.requests, self.audit, self.scheduler.stop_at_string)
         self.grammars = GrammarCompiler(self.tokenizer, self.runner.model.config.vocab_size, sorted(eos_ids))
         self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler.fail_channels)
-        self.metadata_hook: Callable[[StepMetadata], None] | None = None
         self._lock = threading.Condition()
         # overflow_policy `wait`: each blocked submit() waits on its own condition (of the same lock), woken
         # only once its questions are bound, so a step never wakes every blocked caller at once.
@@ -135,10 +134,10 @@ class Engine:
                 raise
             finally:
                 self._lock.notify_all()
-            for result in errors:  # only an accepted request has results
-                if result.error and "core.max_context" in result.error:
-                    self.audit.alert(Alert("context_overflow", f"request {request_id}: {result.error}"))
-                self.output.reject(request, result)
+            for refused in errors:  # only an accepted request has results
+                if refused.overflows_context:
+                    self.audit.alert(Alert("context_overflow", f"request {request_id}: {refused.error}"))
+                self.output.reject(request, refused.result)
         return request_id
 
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
@@ -216,8 +215,6 @@ class Engine:
         if not plan.work:
             return None
         meta = pack(plan.work, self.parts.blocks, self.runner.plan, self.runner.device)
-        if self.metadata_hook is not None:  # fault injection in tests
-            self.metadata_hook(meta)
         return meta if self.guard.check(meta) else None
 
     def _record(self, plan: StepPlan, meta: StepMetadata | None, sampled_ids: list[int] | None, started: float) -> int:

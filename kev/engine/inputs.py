@@ -22,6 +22,10 @@ class QuestionError(ValueError):
     """One question's own input is wrong; becomes that question's error result."""
 
 
+class ContextOverflowError(QuestionError):
+    """The prompt leaves no room for a new token in core.max_context (the audit's context_overflow alert)."""
+
+
 @dataclass
 class RequestDefaults:
     sampling: SamplingParams

@@ -9,8 +9,8 @@ from typing import Any
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
-from kev.engine.inputs import (QuestionError, QuestionSpec, RequestDefaults, parse_question, validate_sampling,
-                               validate_timeout)
+from kev.engine.inputs import (ContextOverflowError, QuestionError, QuestionSpec, RequestDefaults, parse_question,
+                               validate_sampling, validate_timeout)
 from kev.engine.question import Question, SamplingParams
 from kev.engine.structured import CompiledGrammar, GrammarCompiler
 from kev.errors import InvalidRequestError
@@ -40,7 +40,7 @@ class SubmitOptions:
         base = SamplingParams(max_tokens=config.router.default_max_tokens)
         try:
             params = validate_sampling(sampling, base, config.router.max_tokens_cap, "")
-            timeout = validate_timeout(config.aggregator.timeout_ms if timeout_ms is None else timeout_ms,
+            timeout = validate_timeout(config.router.default_timeout_ms if timeout_ms is None else timeout_ms,
                                        config.router.timeout_ms_cap, "")
         except QuestionError as err:
             raise InvalidRequestError(str(err)) from None
@@ -66,12 +66,24 @@ class ReadQuestion:
     grammar: CompiledGrammar | None = None
 
 
+@dataclass
+class RefusedQuestion:
+    """A question whose own input is wrong: its error result, and the error it raised."""
+
+    result: Result
+    error: QuestionError
+
+    @property
+    def overflows_context(self) -> bool:
+        return isinstance(self.error, ContextOverflowError)
+
+
 def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
                    config: KevConfig, vocab_size: int, router: Router,
-                   grammars: GrammarCompiler | None = None) -> tuple[list[ReadQuestion], list[Result]]:
+                   grammars: GrammarCompiler | None = None) -> tuple[list[ReadQuestion], list[RefusedQuestion]]:
     """The per-question checks every submit path makes (engine, router): a bad question becomes its error result."""
     read: list[ReadQuestion] = []
-    errors: list[Result] = []
+    errors: list[RefusedQuestion] = []
     for index, raw in enumerate(queries):
         try:
             spec = parse_question(raw, index, options.defaults)
@@ -80,9 +92,10 @@ def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, 
             grammar = _compile(spec, grammars, index)
             _check_bias(spec, index, vocab_size)
         except QuestionError as err:
-            errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
-                                 isolation=options.isolation, original_text=raw if isinstance(raw, str) else None,
-                                 strategy=router.strategy_name))
+            result = Result(request_id, index, status="error", finish_reason="error", error=str(err),
+                            isolation=options.isolation, original_text=raw if isinstance(raw, str) else None,
+                            strategy=router.strategy_name)
+            errors.append(RefusedQuestion(result, err))
             continue
         text = (spec.original_text or "") if normalized is None else normalized
         read.append(ReadQuestion(index, raw, spec, prompt_ids, normalized, router.describe(text, len(prompt_ids)),
@@ -105,7 +118,7 @@ def _compile(spec: QuestionSpec, grammars: GrammarCompiler | None, index: int) -
 
 def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
                     config: KevConfig, vocab_size: int, router: Router,
-                    grammars: GrammarCompiler | None = None) -> tuple[list[Question], list[Result]]:
+                    grammars: GrammarCompiler | None = None) -> tuple[list[Question], list[RefusedQuestion]]:
     read, errors = read_questions(queries, request_id, options, tokenizer, config, vocab_size, router, grammars)
     questions: list[Question] = []
     for r in read:
@@ -153,7 +166,7 @@ def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_
     else:
         ids = tokenizer.encode("\n".join(m["content"] for m in spec.messages or []))
     if len(ids) >= max_context:
-        raise QuestionError(f"queries[{index}]: prompt has {len(ids)} tokens; core.max_context is {max_context} "
+        raise ContextOverflowError(f"queries[{index}]: prompt has {len(ids)} tokens; core.max_context is {max_context} "
                             "(the prompt and at least one new token must fit)")
     return ids
 

@@ -15,19 +15,20 @@ def age_running_questions(engine: kev.Engine, seconds: float) -> None:
                 aged.add(id(q))
                 q.started_mono -= seconds
 
-    engine.metadata_hook = hook
+    check = engine.guard.check  # each step, before its audit
+    engine.guard.check = lambda meta: (hook(meta), check(meta))[1]
 
 
 def test_no_wall_clock_deadline_by_default(make_engine):
-    assert kev.load_config({}).aggregator.timeout_ms is None
-    engine = make_engine({"aggregator": {"timeout_ms": None}}, background=False)
+    assert kev.load_config({}).router.default_timeout_ms is None
+    engine = make_engine({"router": {"default_timeout_ms": None}}, background=False)
     age_running_questions(engine, 3600.0)  # an hour in its channel: still no deadline
     (result,) = engine.generate(["Write a long story about the sea."], max_tokens=6, ignore_eos=True)
     assert (result.status, result.finish_reason, result.completion_tokens) == ("ok", "length", 6)
 
 
 def test_a_deadline_that_fires_is_a_timeout_with_the_partial_text(make_engine):
-    engine = make_engine({"aggregator": {"timeout_ms": None}}, background=False)
+    engine = make_engine({"router": {"default_timeout_ms": None}}, background=False)
     age_running_questions(engine, 3600.0)
     results = engine.generate(["Write a long story about the sea.", "Say hi."], max_tokens=6, ignore_eos=True,
                               timeout_ms=60_000)
@@ -37,7 +38,7 @@ def test_a_deadline_that_fires_is_a_timeout_with_the_partial_text(make_engine):
 
 
 def test_an_operator_budget_applies_when_the_request_sets_none(make_engine):
-    engine = make_engine({"aggregator": {"timeout_ms": 60_000}}, background=False)
+    engine = make_engine({"router": {"default_timeout_ms": 60_000}}, background=False)
     age_running_questions(engine, 3600.0)
     (result,) = engine.generate(["Say hi."], max_tokens=6, ignore_eos=True)
     assert result.finish_reason == "timeout"

@@ -1,6 +1,6 @@
 """The `server:` section of kev.yaml: what `kev serve` listens on and the limits it enforces on callers.
 
-It imports nothing from Kev so that kev/config/schema.py can embed it without a cycle.
+It lives with the config, not the server: loading a config never imports the server.
 """
 from __future__ import annotations
 
