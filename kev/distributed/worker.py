@@ -31,8 +31,10 @@ from kev.distributed.dead_letter import reject
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import MalformedMessage, WorkerStatus, WorkItem, decode
 from kev.distributed.subjects import answer_key
-from kev.distributed.worker_job import Job, drain, groups
-from kev.engine.engine import Engine
+from kev.distributed.worker_job import Job, groups
+from kev.engine.api import EngineAPI
+from kev.engine.events import EventRouter
+from kev.engine.request import StreamEvent
 from kev.errors import KevError
 
 log = logging.getLogger("kev.distributed")
@@ -43,7 +45,7 @@ CANCEL_MEMORY_S = 600.0
 
 
 class Worker:
-    def __init__(self, config: KevConfig, engine: Engine, worker_id: str, partition: int) -> None:
+    def __init__(self, config: KevConfig, engine: EngineAPI, worker_id: str, partition: int) -> None:
         self.config, self.engine, self.worker_id, self.partition = config, engine, worker_id, partition
         self.capacity = config.router.max_parallel_queries
         self.jobs: dict[str, Job] = {}  # "<request_id>.<index>" -> job
@@ -53,6 +55,8 @@ class Worker:
         self.link: Link | None = None
         self._room = asyncio.Event()  # set when a job ends
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.events = EventRouter()  # the engine's one event stream, routed to each group's jobs
+        engine.subscribe(self.events)
 
     async def run(self, grace_s: float = 30.0) -> None:
         deploy = self.config.deploy
@@ -138,10 +142,15 @@ class Worker:
         else:
             for job in jobs:
                 job.engine_request_id = engine_request_id
-            drain(self.engine.stream(engine_request_id), jobs, asyncio.get_running_loop())
+            loop = asyncio.get_running_loop()
+
+            def to_job(event: StreamEvent) -> None:  # on the engine's thread: hand off to the loop
+                loop.call_soon_threadsafe(jobs[event.index].events.put_nowait, event)
+            self.events.route(engine_request_id, to_job)
         await asyncio.gather(*(self._run_job(job) for job in jobs))
         if jobs[0].engine_request_id is not None:
             self.engine.forget(jobs[0].engine_request_id)
+            self.events.drop(jobs[0].engine_request_id)
 
     async def _run_job(self, job: Job) -> None:
         assert self.link is not None
@@ -204,7 +213,7 @@ class Worker:
                               channels=channels, queue_length=sum(c["queued"] for c in channels),
                               num_steps=self.engine.stats.num_steps, num_tokens_computed=self.engine.stats.num_tokens_computed,
                               num_tokens_generated=self.engine.stats.num_tokens_generated,
-                              alerts=dict(self.engine.audit.alert_counts), load=asdict(load))
+                              alerts=self.engine.alert_counts(), load=asdict(load))
         await self.link.nc.publish(self.link.topology.status_subject(self.worker_id), status.encode())
 
     async def _on_status(self, msg: Msg) -> None:

@@ -172,6 +172,18 @@ class Engine:
             self.requests.pop(request_id, None)
             self.scheduler.close_request(request_id)
 
+    def cancel_unfinished(self) -> int:
+        """Cancel every request not done yet; returns how many."""
+        with self._lock:
+            unfinished = [rid for rid, request in self.requests.items() if not request.done.is_set()]
+            for request_id in unfinished:
+                self.cancel(request_id)
+            return len(unfinished)
+
+    def alert_counts(self) -> dict[str, int]:
+        """Audit alerts raised so far, by kind."""
+        return dict(self.audit.alert_counts)
+
     def generate(self, queries: list[Any], timeout: float | None = None, **options: Any) -> list[Result]:
         """submit() then wait(): the one-call form."""
         return self.wait(self.submit(queries, **options), timeout)
@@ -180,9 +192,7 @@ class Engine:
         """Stop the loop; unfinished questions end as cancelled, so every wait() and stream() returns."""
         with self._lock:
             self._closed = True
-            for request_id, request in list(self.requests.items()):
-                if not request.done.is_set():
-                    self.cancel(request_id)
+            self.cancel_unfinished()
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
