@@ -62,7 +62,7 @@ class Aggregator:
         while not self.stopping.is_set():
             try:
                 msgs = await answers.fetch(64, timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.caught_up = True
                 continue
             except NATS_ERRORS as err:  # NATS away: it comes back by itself

@@ -121,7 +121,7 @@ async def connect_forever(deploy: DeployConfig, name: str, stopping: asyncio.Eve
             log.info("%s: NATS at %s not reachable (%s: %s); retrying", name, deploy.nats_url, type(err).__name__, err)
         try:
             await asyncio.wait_for(stopping.wait(), delay)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             delay = min(delay * 2, 2.0)
     return None
 

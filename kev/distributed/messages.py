@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from kev.aggregator.result import Result
 
-VERSION = 1
+VERSION: Literal[1] = 1
 Token = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # goes into a subject: one token
 
 

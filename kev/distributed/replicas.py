@@ -4,7 +4,8 @@ It implements EngineAPI, so `kev serve` and the library use it as they use an En
 questions are placed on replicas by the router's strategy over replicas (placement.py; the
 breaker and spill read each replica's queue), each replica gets its share as one request
 and packs it into its own forwards. One subscription per replica to its event stream maps
-the events back to the caller's request and indexes (no thread per request). Replicas on the same device share one copy of the weights (read-only).
+the events back to the caller's request and indexes (no thread per request). Replicas on the
+same device share one copy of the weights (read-only).
 Tensor parallelism (one model split over devices) is not implemented: core.tensor_parallel > 1
 is a config error.
 """

@@ -87,7 +87,7 @@ class RouterLink:
                     await self._guarded(self._reconcile(1.0))
             try:
                 await asyncio.wait_for(self._stopping.wait(), POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _on_status(self, msg: Msg) -> None:
@@ -117,7 +117,7 @@ class RouterLink:
     async def next_poll(self, timeout: float) -> None:
         try:
             await asyncio.wait_for(self._polled.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     # --- what the backend sends ------------------------------------------------------

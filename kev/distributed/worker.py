@@ -97,7 +97,7 @@ class Worker:
             msgs += await sub.fetch(free, timeout=timeout)
             while len(msgs) < free:  # a request's questions arrive one by one: gather them, so they start together
                 msgs += await sub.fetch(free - len(msgs), timeout=GATHER_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         except NATS_ERRORS as err:  # NATS went away: the connection comes back by itself
             log.debug("worker %s: fetch failed: %s", self.worker_id, err)
@@ -255,7 +255,7 @@ class Worker:
     async def _wait(event: asyncio.Event, timeout: float) -> None:
         try:
             await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     def _spawn(self, coroutine: Any) -> None:

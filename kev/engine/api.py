@@ -5,7 +5,7 @@ front ends depend on this Protocol only.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from kev.aggregator.result import Result
@@ -39,8 +39,9 @@ class EngineAPI(Protocol):
     @property
     def stats(self) -> StepCounters: ...
 
-    def submit(self, queries: list[Any], **options: Any) -> str:
-        """Route the questions to channels; returns a request_id (see Engine.submit for the options)."""
+    @property
+    def submit(self) -> Callable[..., str]:
+        """submit(queries, **options): route the questions to channels; returns a request_id (Engine.submit)."""
         ...
 
     def results(self, request_id: str) -> list[Result]: ...

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,9 +25,9 @@ from kev.engine.describe import describe
 from kev.engine.engine_setup import EngineParts, build_parts, pick_device
 from kev.engine.isolation_guard import IsolationGuard
 from kev.engine.logprobs import LogitRows
+from kev.engine.output import EventListener, OutputProcessor, OutputSettings
 from kev.engine.overflow import place_all
 from kev.engine.packer import pack
-from kev.engine.output import EventListener, OutputProcessor, OutputSettings
 from kev.engine.question import Question
 from kev.engine.request import Request, StreamEvent
 from kev.engine.sampler import sample
@@ -76,10 +76,12 @@ class Engine:
         eos_ids = self.scheduler.eos_ids
         settings = OutputSettings(eos_ids, config.core.max_context, self.runner.fingerprint, parts.router.strategy_name,
                                   record_logits)
-        self.output = OutputProcessor(self.tokenizer, settings, self.requests, self.audit, self.scheduler.stop_at_string)
+        self.output = OutputProcessor(self.tokenizer, settings, self.requests, self.audit,
+                                      self.scheduler.stop_at_string)
         self.grammars = GrammarCompiler(self.tokenizer, self.runner.model.config.vocab_size, sorted(eos_ids))
         self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler.fail_channels)
-        self._lock = threading.Condition()
+        self._mutex = threading.RLock()
+        self._lock = threading.Condition(self._mutex)
         # overflow_policy `wait`: each blocked submit() waits on its own condition (of the same lock), woken
         # only once its questions are bound, so a step never wakes every blocked caller at once.
         self._bind_waiters: list[tuple[list[Question], threading.Condition]] = []
@@ -112,7 +114,8 @@ class Engine:
         sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                     "seed": seed, "stop": stop, "ignore_eos": ignore_eos, "logprobs": logprobs,
                     "prompt_logprobs": prompt_logprobs, "structured_outputs": structured_outputs,
-                    "logit_bias": logit_bias, "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
+                    "logit_bias": logit_bias, "presence_penalty": presence_penalty,
+                    "frequency_penalty": frequency_penalty}
         options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
@@ -295,7 +298,7 @@ class Engine:
         if self._thread is None:
             self.step()  # no loop thread: the blocked caller drives the engine itself
             return
-        waiter = threading.Condition(self._lock)
+        waiter = threading.Condition(self._mutex)
         self._bind_waiters.append((questions, waiter))
         self._lock.notify_all()  # the loop may be asleep: what was placed so far is work for it
         try:

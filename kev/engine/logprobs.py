@@ -62,7 +62,8 @@ class TokenTexts:
     def bytes(self, token_id: int) -> tuple[int, ...]:
         if token_id not in self._bytes:
             piece = self.tokenizer.id_to_token(token_id)
-            if piece is not None and all(ch in self._byte_of for ch in piece) and not self.tokenizer.is_special(token_id):
+            is_bytes = piece is not None and all(ch in self._byte_of for ch in piece)
+            if piece is not None and is_bytes and not self.tokenizer.is_special(token_id):
                 self._bytes[token_id] = tuple(self._byte_of[ch] for ch in piece)  # byte-level BPE: a character a byte
             else:
                 self._bytes[token_id] = tuple(self.text(token_id).encode("utf-8"))
@@ -85,7 +86,8 @@ def sampled_entry(row: torch.Tensor, token_id: int, top: int, texts: TokenTexts)
     return token_logprob(torch.log_softmax(row.float(), dim=-1), token_id, top, texts)
 
 
-def prompt_entries(prompt: list[int], start: int, logits: torch.Tensor, top: int, texts: TokenTexts) -> list[dict[str, Any]]:
+def prompt_entries(prompt: list[int], start: int, logits: torch.Tensor, top: int,
+                   texts: TokenTexts) -> list[dict[str, Any]]:
     """Prompt logprobs of one chunk at `start`: row p scores prompt token p + 1; the prompt's first token has logprob
     None (its entry comes with the first chunk)."""
     entries = [{**_entry(prompt[0], None, texts), "top_logprobs": []}] if start == 0 else []
@@ -104,7 +106,7 @@ def _entry(token_id: int, logprob: float | None, texts: TokenTexts) -> dict[str,
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: every byte as one printable character (what byte-level BPE vocabularies store)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = list(printable), 0
     for b in range(256):
         if b not in printable:

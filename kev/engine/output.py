@@ -120,8 +120,9 @@ class OutputProcessor:
                 self.stop(q)
                 return
         if out.finish_reason == "length" and len(q.output_ids) < q.sampling.max_tokens:
-            self.audit.alert(Alert("truncation_near_boundary", f"request {q.request_id} question {q.index}: answer cut "
-                                   f"at channel {q.channel_id}'s context boundary ({self.settings.max_context} tokens)"))
+            self.audit.alert(Alert("truncation_near_boundary",
+                                   f"request {q.request_id} question {q.index}: answer cut at channel {q.channel_id}'s "
+                                   f"context boundary ({self.settings.max_context} tokens)"))
 
     def _emit(self, q: Question, state: AnswerState, final: bool) -> None:
         """Send the text not yet streamed; hold back what could still become a stop string."""

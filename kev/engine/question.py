@@ -112,7 +112,8 @@ class Question:
 
     @property
     def deadline(self) -> float | None:
-        """time.monotonic() after which the question times out; None while it waits for a channel or without a budget."""
+        """time.monotonic() after which the question times out; None while it waits for a channel or without
+        a budget."""
         if self.started_mono is None or self.timeout_ms is None:
             return None
         return self.started_mono + self.timeout_ms / 1000

@@ -43,7 +43,8 @@ class Request:
 
     def wait_done(self, timeout: float | None) -> None:
         if not self.done.wait(timeout):
-            raise TimeoutError(f"request {self.request_id}: {len(self.results)}/{self.num_questions} results after {timeout}s")
+            raise TimeoutError(f"request {self.request_id}: {len(self.results)}/{self.num_questions} results "
+                               f"after {timeout}s")
 
     def iter_events(self, timeout: float | None) -> Iterator[StreamEvent]:
         """The request's events until every question's final one."""

@@ -25,9 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import count
 
+from kev.aggregator.result import FinishReason
 from kev.engine.channel_pool import ChannelPool, queue_order
 from kev.engine.prefix_jobs import PrefixJob, PrefixJobs, SlotCopy
-from kev.aggregator.result import FinishReason
 from kev.engine.question import Phase, Question
 from kev.engine.stats import EngineLoad
 from kev.isolation.block_manager import BlockManager
@@ -96,7 +96,7 @@ class Scheduler:
         self.shadows: list[Question] = []  # isolation re-runs: they run alone, when nothing else waits
         self._arrival = count()
         self._request_parallel: dict[str, int] = {}  # request_id -> its max_parallel cap
-        self._ended: list[QuestionOutput] = []  # finished between updates (deadline, alert): the next update returns them
+        self._ended: list[QuestionOutput] = []  # finished between updates (deadline, alert): the next update has them
 
     # --- requests and arrivals ----------------------------------------------------
     def open_request(self, request_id: str, max_parallel: int) -> None:
@@ -164,12 +164,15 @@ class Scheduler:
             length = end - seq.num_computed
             if length > budget and (decode or prefill):
                 break  # FIFO: a later prompt never overtakes an earlier one
-            is_question = isinstance(seq, Question)
-            prefill.append(Work(seq, seq.num_computed, length, is_question and end == len(seq.prompt_ids),
-                                is_question and seq.sampling.prompt_logprobs))
+            if isinstance(seq, Question):
+                prefill.append(Work(seq, seq.num_computed, length, end == len(seq.prompt_ids),
+                                    seq.sampling.prompt_logprobs))
+            else:  # a prefix job never samples
+                prefill.append(Work(seq, seq.num_computed, length, False))
             budget -= length
         work = decode + prefill
         for w in work:
+            assert w.seq.channel_id is not None  # running, or a prefix job (its owner)
             self.blocks.ensure(w.seq.channel_id, w.start + w.length)
         return StepPlan(work, self.prefixes.take_copies())
 

@@ -33,9 +33,11 @@ class SubmitOptions:
         if level not in ISOLATION_ORDER:
             raise InvalidRequestError(f"isolation: unknown level {level!r} (strict, shared, loose)")
         if ISOLATION_ORDER[level] > ISOLATION_ORDER[config.isolation.level]:
-            raise InvalidRequestError(f"isolation: {level!r} is looser than the configured cap isolation.level={config.isolation.level!r}")
+            raise InvalidRequestError(f"isolation: {level!r} is looser than the configured cap "
+                                      f"isolation.level={config.isolation.level!r}")
         cap = config.router.max_parallel_queries
-        if max_parallel is not None and (isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1):
+        is_count = isinstance(max_parallel, int) and not isinstance(max_parallel, bool)
+        if max_parallel is not None and (not is_count or max_parallel < 1):
             raise InvalidRequestError(f"max_parallel: must be a positive integer, got {max_parallel!r}")
         base = SamplingParams(max_tokens=config.router.default_max_tokens)
         try:
@@ -46,7 +48,8 @@ class SubmitOptions:
             raise InvalidRequestError(str(err)) from None
         if system is not None and not isinstance(system, str):
             raise InvalidRequestError(f"system: must be a string, got {type(system).__name__}")
-        defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout, system or config.isolation.system_prompt,
+        defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout,
+                                   system or config.isolation.system_prompt,
                                    system_is_public=system is None and config.isolation.system_prompt is not None,
                                    timeout_ms_cap=config.router.timeout_ms_cap,
                                    structured_outputs=sampling.get("structured_outputs"))
@@ -152,7 +155,8 @@ def _prefix_ids(tokenizer: Tokenizer, system: str, prompt_ids: list[int]) -> lis
     return ids if 0 < len(ids) < len(prompt_ids) and prompt_ids[: len(ids)] == ids else []
 
 
-def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int, vocab_size: int) -> list[int]:
+def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int,
+                      vocab_size: int) -> list[int]:
     if spec.prompt_ids is not None:
         ids = spec.prompt_ids
         outside = next((i for i, t in enumerate(ids) if t >= vocab_size), None)

@@ -19,7 +19,10 @@ from kev.server.watch import Watch
 
 
 class Backend(Protocol):
-    tokenizer: Tokenizer  # the served model's (the tokenizer routes, token-id prompts)
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The served model's (the tokenizer routes, token-id prompts)."""
+        ...
 
     @property
     def unavailable(self) -> str | None:

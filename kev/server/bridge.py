@@ -51,7 +51,8 @@ class EngineBridge:
 
     async def submit(self, queries: list[Any], options: dict[str, Any]) -> str:
         """engine.submit off the loop; if our caller goes away meanwhile, the request is forgotten, not orphaned."""
-        future = asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(self.engine.submit, queries, **options))
+        call = functools.partial(self.engine.submit, queries, **options)
+        future = asyncio.get_running_loop().run_in_executor(self.pool, call)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:

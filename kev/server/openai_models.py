@@ -182,7 +182,7 @@ class CompletionBody(_Sampling):
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: its text or its token ids."""
         if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
-            return [self.prompt]  # type: ignore[list-item]
+            return [self.prompt]
         return list(self.prompt)  # type: ignore[arg-type]
 
     @property
