@@ -131,14 +131,14 @@ class RouterLink:
         await self.link.js.publish(subject, item.encode(), headers={"Nats-Msg-Id": f"{item.request_id}.{item.index}"})
 
     async def broadcast_cancel(self, request_id: str) -> None:
-        if self.is_connected:
-            await self._guarded(self.link.nc.publish(self.topology.cancel_subject,  # type: ignore[union-attr]
+        if self.link is not None and self.link.is_connected:
+            await self._guarded(self.link.nc.publish(self.topology.cancel_subject,
                                                      json.dumps({"request_id": request_id}).encode()))
 
     async def drop_record(self, request_id: str) -> None:
         """The request is over: the aggregator stops watching its deadlines."""
-        if self.is_connected:
-            await self._guarded(self.link.requests.delete(request_id))  # type: ignore[union-attr]
+        if self.link is not None and self.link.is_connected:
+            await self._guarded(self.link.requests.delete(request_id))
 
     async def withdraw(self, request_id: str) -> None:
         """A request that failed half-way through publishing: whatever got out is cancelled."""

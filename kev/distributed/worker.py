@@ -237,8 +237,8 @@ class Worker:
             self._room.clear()
         for job in list(self.jobs.values()):
             await self._guarded(job.msg.nak())
-        for engine_request_id in {j.engine_request_id for j in self.jobs.values()} - {None}:
-            await asyncio.to_thread(self.engine.forget, engine_request_id)  # type: ignore[arg-type]
+        for engine_request_id in {j.engine_request_id for j in self.jobs.values() if j.engine_request_id is not None}:
+            await asyncio.to_thread(self.engine.forget, engine_request_id)
         for task in list(self._tasks):
             task.cancel()
         if self.link is not None:  # close, not drain: drain waits out its timeout on pull subscriptions

@@ -114,7 +114,7 @@ def grammar_of(spec: Any, where: str) -> str:
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise QuestionError(f"{where}.choice: must be a non-empty list of non-empty strings")
-        return llguidance.grammar_from("choice", value)  # type: ignore[arg-type]
+        return llguidance.grammar_from("choice", value)  # type: ignore[arg-type]  # its stub says str; a list works
     if not isinstance(value, str) or not value:
         raise QuestionError(f"{where}.{kind}: must be a non-empty string")
     try:

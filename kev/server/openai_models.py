@@ -183,7 +183,7 @@ class CompletionBody(_Sampling):
         """One entry per prompt: its text or its token ids."""
         if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
             return [self.prompt]
-        return list(self.prompt)  # type: ignore[arg-type]
+        return list(self.prompt)  # type: ignore[arg-type]  # the branch above took str and list[int]
 
     @property
     def is_single(self) -> bool:
