@@ -26,8 +26,7 @@ from kev.engine.embedder import MeanEmbedder
 from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts, load_model_and_tokenizer
 from kev.engine.events import EventRouter
-from kev.engine.output import EventListener
-from kev.engine.request import Request, StreamEvent
+from kev.engine.request import EventListener, Request, StreamEvent
 from kev.engine.stats import EngineLoad, StepRecord
 from kev.errors import InvalidRequestError, UnknownRequestError
 from kev.router.features import QuestionFeatures
@@ -142,7 +141,8 @@ class ReplicaEngine:
     def _on_event(self, request: Request, share: Share, event: StreamEvent) -> None:
         """A replica's event of one share, on that replica's thread: the caller's request and index."""
         if event.result is None:
-            self._publish(request, replace(event, index=share.indexes[event.index], request_id=request.request_id))
+            request.publish(replace(event, index=share.indexes[event.index], request_id=request.request_id),
+                            self.listeners)
         else:
             self._deliver(request, share, event.result)
 
@@ -154,16 +154,7 @@ class ReplicaEngine:
             # A copy: the replica's own request keeps its result.
             result = replace(result, request_id=request.request_id, index=index,
                              worker=f"replica{share.replica}:{self.devices[share.replica]}")
-            request.results[index] = result
-            self._publish(request, StreamEvent(index, result.channel_id, "", [], True, result,
-                                               request_id=request.request_id))
-            if len(request.results) == request.num_questions:
-                request.done.set()
-
-    def _publish(self, request: Request, event: StreamEvent) -> None:
-        request.events.put(event)
-        for listener in self.listeners:
-            listener(event)
+            request.add_result(result, self.listeners)
 
     def subscribe(self, listener: EventListener) -> None:
         self.listeners.append(listener)

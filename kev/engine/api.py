@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from kev.aggregator.result import Result
-from kev.engine.output import EventListener
-from kev.engine.request import StreamEvent
+from kev.engine.request import EventListener, StreamEvent
 from kev.engine.stats import EngineLoad
 from kev.model.tokenizer import Tokenizer
 

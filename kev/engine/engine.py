@@ -25,11 +25,11 @@ from kev.engine.describe import describe
 from kev.engine.engine_setup import EngineParts, build_parts, pick_device
 from kev.engine.isolation_guard import IsolationGuard
 from kev.engine.logprobs import LogitRows
-from kev.engine.output import EventListener, OutputProcessor, OutputSettings
+from kev.engine.output import OutputProcessor, OutputSettings
 from kev.engine.overflow import place_all
 from kev.engine.packer import pack
 from kev.engine.question import Question
-from kev.engine.request import Request, StreamEvent
+from kev.engine.request import EventListener, Request, StreamEvent
 from kev.engine.sampler import sample
 from kev.engine.scheduler import StepPlan
 from kev.engine.stats import EngineLoad, EngineStats

@@ -3,8 +3,8 @@
 It owns everything a question's answer looks like from outside: detokenizing, stop strings
 (a stop string ends the question through the scheduler), the deltas it streams (holding back
 what could still become a stop string), logprobs, the comparison of a shadow re-run with the
-answer it verifies, and the Result. Every event of every request goes out through `_publish`:
-into its request's queue (Engine.stream) and to the engine's listeners (the front ends).
+answer it verifies, and the Result. Every event of every request goes out through
+Request.publish: into its request's queue (Engine.stream) and to the engine's listeners.
 It needs no model: feed it QuestionOutputs, logits rows and a tokenizer.
 """
 from __future__ import annotations
@@ -20,13 +20,12 @@ from kev.aggregator.audit_records import result_fields
 from kev.aggregator.result import Result
 from kev.engine.logprobs import LogitRows, TokenTexts, prompt_entries, sampled_entry
 from kev.engine.question import ABORTED, Question
-from kev.engine.request import Request, StreamEvent
+from kev.engine.request import EventListener, Request, StreamEvent
 from kev.engine.scheduler import QuestionOutput
 from kev.isolation.audit import Alert, AuditLog
 from kev.model.tokenizer import IncrementalDecoder, Tokenizer
 
 REPLACEMENT = "\ufffd"  # what a partial UTF-8 sequence decodes to
-EventListener = Callable[[StreamEvent], None]
 
 
 def stop_prefix_length(text: str, stops: tuple[str, ...]) -> int:
@@ -132,9 +131,9 @@ class OutputProcessor:
         safe, sent, sent_tokens = len(state.text) - held, state.num_sent_chars, state.num_sent_tokens
         request = self.requests.get(q.request_id)
         if (safe > sent or final) and request is not None:
-            self._publish(request, StreamEvent(q.index, q.channel_id, state.text[sent:max(safe, sent)],
-                                               q.output_ids[sent_tokens:], logprobs=state.logprobs[sent_tokens:],
-                                               request_id=q.request_id))
+            request.publish(StreamEvent(q.index, q.channel_id, state.text[sent:max(safe, sent)],
+                                        q.output_ids[sent_tokens:], logprobs=state.logprobs[sent_tokens:],
+                                        request_id=q.request_id), self.listeners)
             state.num_sent_chars, state.num_sent_tokens = max(safe, sent), len(q.output_ids)
 
     def _finish(self, q: Question, state: AnswerState) -> None:
@@ -193,16 +192,7 @@ class OutputProcessor:
 
     def _deliver(self, request: Request, result: Result) -> None:
         self.audit.write("result", **result_fields(result, self.audit.level))
-        request.results[result.index] = result
-        self._publish(request, StreamEvent(result.index, result.channel_id, "", [], True, result,
-                                           request_id=request.request_id))
-        if len(request.results) == request.num_questions:
-            request.done.set()
-
-    def _publish(self, request: Request, event: StreamEvent) -> None:
-        request.events.put(event)
-        for listener in self.listeners:
-            listener(event)
+        request.add_result(result, self.listeners)
 
 
 def _token_times(q: Question, queued_ms: float) -> tuple[float | None, float | None]:

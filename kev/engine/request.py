@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,9 @@ class StreamEvent:
     request_id: str = ""  # whose question (set on every event of an engine's stream)
 
 
+EventListener = Callable[[StreamEvent], None]
+
+
 @dataclass
 class Request:
     request_id: str
@@ -35,9 +38,17 @@ class Request:
     events: queue.Queue[StreamEvent] = field(default_factory=queue.Queue)
     done: threading.Event = field(default_factory=threading.Event)
 
-    def add_result(self, result: Result) -> None:
+    def publish(self, event: StreamEvent, listeners: Sequence[EventListener] = ()) -> None:
+        """Into this request's queue (Engine.stream), then to the engine's listeners (its one event stream)."""
+        self.events.put(event)
+        for listener in listeners:
+            listener(event)
+
+    def add_result(self, result: Result, listeners: Sequence[EventListener] = ()) -> None:
+        """A question's final event; the request is done with its last one."""
         self.results[result.index] = result
-        self.events.put(StreamEvent(result.index, result.channel_id, "", [], True, result, request_id=self.request_id))
+        self.publish(StreamEvent(result.index, result.channel_id, "", [], True, result, request_id=self.request_id),
+                     listeners)
         if len(self.results) == self.num_questions:
             self.done.set()
 
