@@ -31,7 +31,7 @@ from kev.engine.packer import pack
 from kev.engine.question import Question
 from kev.engine.request import EventListener, Request, StreamEvent
 from kev.engine.sampler import sample
-from kev.engine.scheduler import StepPlan
+from kev.engine.plan import StepPlan
 from kev.engine.stats import EngineLoad, EngineStats
 from kev.engine.structured import GrammarCompiler
 from kev.engine.submission import SubmitOptions, build_questions

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kev.engine.scheduler import Work
+from kev.engine.plan import Work
 from kev.model.tokenizer import Tokenizer
 
 

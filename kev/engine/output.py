@@ -21,7 +21,7 @@ from kev.aggregator.result import Result
 from kev.engine.logprobs import LogitRows, TokenTexts, prompt_entries, sampled_entry
 from kev.engine.question import ABORTED, Question
 from kev.engine.request import EventListener, Request, StreamEvent
-from kev.engine.scheduler import QuestionOutput
+from kev.engine.plan import QuestionOutput
 from kev.isolation.audit import Alert, AuditLog
 from kev.model.tokenizer import IncrementalDecoder, Tokenizer
 

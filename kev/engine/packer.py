@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kev.engine.logprobs import logit_rows
-from kev.engine.scheduler import Work
+from kev.engine.plan import Work
 from kev.isolation.block_manager import BlockManager
 from kev.model.step_metadata import ChannelSpan, StepMetadata
 

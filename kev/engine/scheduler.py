@@ -22,58 +22,18 @@ import bisect
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import count
 
 from kev.aggregator.result import FinishReason
 from kev.engine.channel_pool import ChannelPool, queue_order
-from kev.engine.prefix_jobs import PrefixJob, PrefixJobs, SlotCopy
+from kev.engine.plan import QuestionOutput, StepPlan, Work
+from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.question import Phase, Question
 from kev.engine.stats import EngineLoad
 from kev.isolation.block_manager import BlockManager
 from kev.router.layout import ChannelGroup
 from kev.router.router import Router
-
-
-@dataclass
-class Work:
-    seq: Question | PrefixJob
-    start: int  # first position computed this step
-    length: int  # tokens computed this step
-    samples: bool  # does this step produce the question's next token?
-    scores_prompt: bool = False  # every row's logits are wanted (prompt_logprobs)
-
-    @property
-    def question(self) -> Question:
-        assert isinstance(self.seq, Question)
-        return self.seq
-
-
-@dataclass
-class StepPlan:
-    """Everything one step runs: the work in packing order and the K/V slot copies to apply first."""
-
-    work: list[Work] = field(default_factory=list)
-    copies: list[SlotCopy] = field(default_factory=list)
-
-    @property
-    def sampling(self) -> list[Question]:
-        """The questions that sample this step, in the order of the sampled logits rows."""
-        return [w.question for w in self.work if w.samples]
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return sum(w.length for w in self.work if isinstance(w.seq, PrefixJob))
-
-
-@dataclass
-class QuestionOutput:
-    """What one step did to one question: its new token (if any) and, when it ended, why."""
-
-    question: Question
-    new_token_ids: list[int]
-    finish_reason: FinishReason | None
-    sample_row: int | None = None  # its row in the step's sampled logits
 
 
 @dataclass(frozen=True)
@@ -174,7 +134,7 @@ class Scheduler:
         for w in work:
             assert w.seq.channel_id is not None  # running, or a prefix job (its owner)
             self.blocks.ensure(w.seq.channel_id, w.start + w.length)
-        return StepPlan(work, self.prefixes.take_copies())
+        return StepPlan(work, self.prefixes.take_copies(), [w.question for w in work if w.samples])
 
     def update(self, plan: StepPlan, sampled_ids: list[int] | None) -> list[QuestionOutput]:
         """Apply the step's forward (None: it did not run, nothing advanced); per question, what it produced."""

@@ -8,7 +8,7 @@ from kev.engine.logprobs import LogitRows
 from kev.engine.output import OutputProcessor, OutputSettings, stop_prefix_length
 from kev.engine.question import Phase, Question, SamplingParams
 from kev.engine.request import Request, StreamEvent
-from kev.engine.scheduler import QuestionOutput
+from kev.engine.plan import QuestionOutput
 from kev.isolation.audit import AuditLog
 from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
