@@ -72,7 +72,7 @@ class OutputProcessor:
         self._held: dict[Question, tuple[Result, list[torch.Tensor]]] = {}  # answers waiting for their shadow re-run
 
     def process(self, outputs: list[QuestionOutput], logits: LogitRows | None = None) -> None:
-        if logits is not None:
+        if logits is not None and logits.chunks:
             live = {id(o.question) for o in outputs}  # finished this step: their prompt rows still count
             for w, chunk in logits.chunks:
                 q = w.question

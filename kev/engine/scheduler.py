@@ -114,7 +114,8 @@ class Scheduler:
         """Time out what passed its deadline, admit what fits, and plan the step's work."""
         self._expire_deadlines()
         self._admit()
-        decode = [Work(q, q.num_computed, 1, True) for q in self.running if q.phase is Phase.DECODE]
+        sampling = [q for q in self.running if q.phase is Phase.DECODE]
+        decode = [Work(q, q.num_computed, 1, True) for q in sampling]
         budget = self.limits.max_step_tokens - len(decode)
         prefill: list[Work] = []
         jobs = [job for job in self.prefixes.jobs if not job.is_done]
@@ -125,8 +126,10 @@ class Scheduler:
             if length > budget and (decode or prefill):
                 break  # FIFO: a later prompt never overtakes an earlier one
             if isinstance(seq, Question):
-                prefill.append(Work(seq, seq.num_computed, length, end == len(seq.prompt_ids),
-                                    seq.sampling.prompt_logprobs))
+                samples = end == len(seq.prompt_ids)
+                prefill.append(Work(seq, seq.num_computed, length, samples, seq.sampling.prompt_logprobs))
+                if samples:
+                    sampling.append(seq)
             else:  # a prefix job never samples
                 prefill.append(Work(seq, seq.num_computed, length, False))
             budget -= length
@@ -134,7 +137,7 @@ class Scheduler:
         for w in work:
             assert w.seq.channel_id is not None  # running, or a prefix job (its owner)
             self.blocks.ensure(w.seq.channel_id, w.start + w.length)
-        return StepPlan(work, self.prefixes.take_copies(), [w.question for w in work if w.samples])
+        return StepPlan(work, self.prefixes.take_copies(), sampling)  # sampling: decode rows first, as packed
 
     def update(self, plan: StepPlan, sampled_ids: list[int] | None) -> list[QuestionOutput]:
         """Apply the step's forward (None: it did not run, nothing advanced); per question, what it produced."""
