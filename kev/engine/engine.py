@@ -289,6 +289,11 @@ class Engine:
         with self._lock:
             return self.scheduler.load()
 
+    def has_work(self) -> bool:
+        """Questions running, waiting or finished but not yet reported (background=False: step() until not)."""
+        with self._lock:
+            return self.scheduler.has_work()
+
     def run_until_idle(self) -> None:
         while self.scheduler.has_work():
             self.step()
