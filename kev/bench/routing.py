@@ -156,7 +156,8 @@ def run_routing(repeats: int = 1, seed: int = 0, pool: int = 16, parallel: int =
     runs: dict[str, list[Row]] = {name: [] for name, _ in STRATEGIES}
     total = repeats * len(STRATEGIES)
     for repeat in range(repeats):
-        for i, (name, router) in enumerate(STRATEGIES):  # interleaved, so a slow spell of the machine hits every strategy
+        # interleaved, so a slow spell of the machine hits every strategy
+        for i, (name, router) in enumerate(STRATEGIES):
             if on_progress is not None:
                 on_progress(f"{name} (run {repeat + 1}/{repeats})", repeat * len(STRATEGIES) + i, total)
             runs[name].append(run_one(name, router, model_and_tokenizer, stream, pool, parallel))

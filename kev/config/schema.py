@@ -134,7 +134,8 @@ class IsolationConfig(_Section):
 
 
 class AuditConfig(_Section):
-    path: str | None = None  # JSON lines (steps, KV, alerts, one "result" per answer); None keeps the checks but writes nothing
+    # JSON lines (steps, KV, alerts, one "result" per answer); None keeps the checks but writes nothing
+    path: str | None = None
     level: Literal["summary", "full"] = "summary"  # full adds every channel's block ids per step and each answer's text
 
 

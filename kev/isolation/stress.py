@@ -174,7 +174,8 @@ class Soak:
                 request_id = self.engine.submit([{"text": q.text, "max_tokens": m} for q, m in group],
                                                 isolation=self.level, system=self.submit_system(system),
                                                 timeout_ms=timeout_ms)
-            except (RejectedError, OverflowTimeoutError):  # the pool stayed full till the drain: nothing was left behind
+            # the pool stayed full till the drain: nothing was left behind
+            except (RejectedError, OverflowTimeoutError):
                 continue
             submitted.append((request_id, group))
             self.report.submitted += len(group)

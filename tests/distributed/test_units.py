@@ -103,7 +103,8 @@ def result(index: int, text: str = "ab", ids: list[int] | None = None) -> Result
 def test_the_routers_request_keeps_one_answer_per_question_and_closes_streams() -> None:
     async def scenario() -> None:
         request = OpenRequest("r1", 3, "seq_append", "strict", {0, 1, 2})
-        request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="a", token_ids=[1]))  # before the watch
+        # before the watch
+        request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="a", token_ids=[1]))
         watch = Watch("r1", 3, asyncio.get_running_loop(), events=asyncio.Queue())
         request.attach(watch)
         assert request.add_result(result(0), seq=7)
