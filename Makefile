@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: install install-browser demo test test-fast playground-shot bench bench-vllm verify clean
+.PHONY: install install-browser demo lint test test-fast playground-shot bench bench-vllm verify clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,11 @@ demo: install
 		"帮我总结一下Transformer的注意力机制" \
 		"写出一个Python快速排序示例" \
 		"解释一下什么是KV Cache"
+
+# Lint (ruff, rules and exceptions in pyproject.toml) and type check (mypy over kev/).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: install
 	$(BIN)/python -m pytest -q

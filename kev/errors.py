@@ -14,7 +14,13 @@ class InvalidRequestError(KevError, ValueError):
 
 
 class RejectedError(KevError):
-    """The channel pool is full and the overflow policy said no."""
+    """The channel pool is full and the overflow policy said no.
+
+    retry_after_s: when a retry may succeed, if the rejecter knows (the server's Retry-After otherwise)."""
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class OverflowTimeoutError(KevError, TimeoutError):

@@ -30,7 +30,7 @@ def make_engine(default_model):
         # Generous timeouts: CI machines are slow and shared; timeouts have their own tests.
         # round_robin: a packed test wants its questions side by side in separate channels;
         # routing tests name their strategy.
-        config = kev.load_config({"aggregator": {"timeout_ms": 600_000}, "router": {"strategy": "round_robin"},
+        config = kev.load_config({"router": {"default_timeout_ms": 600_000, "strategy": "round_robin"},
                                   "core": {"precision": "fp32"}},
                                  overrides or {})
         model, tokenizer = default_model

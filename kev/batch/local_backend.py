@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 from kev.config import KevConfig
@@ -11,8 +10,6 @@ from kev.server.backend import Backend, build_backend
 from kev.server.metrics import ServerMetrics
 
 CONNECT_TIMEOUT_S = 60.0
-WATCHER_PREFIX = "kev-watch-"  # EngineBridge's per-request threads (kev/server/bridge.py)
-WATCHER_JOIN_S = 10.0
 
 
 async def open_backend(config: KevConfig) -> Backend:
@@ -30,14 +27,8 @@ async def open_backend(config: KevConfig) -> Backend:
 
 
 async def close_backend(backend: Backend) -> None:
-    """Cancel what is left, let the backend go, and wait for its watcher threads to end.
-
-    The watchers are daemon threads; one still running while the interpreter exits can be
-    torn down inside native code, which aborts the process (exit status 134) after the job
-    had in fact finished."""
+    """Cancel what is left and let the backend go."""
     await backend.shutdown()
-    watchers = [t for t in threading.enumerate() if t.name.startswith(WATCHER_PREFIX)]
-    await asyncio.to_thread(lambda: [t.join(WATCHER_JOIN_S) for t in watchers])
 
 
 def default_max_inflight(config: KevConfig) -> int:

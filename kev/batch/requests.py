@@ -31,7 +31,8 @@ class BatchRequest:
     n: int  # candidates per prompt (best_of, else n); question index = prompt_index * n + candidate
     keep: int  # choices answered per prompt (n): the most likely `keep` of the n candidates
     logprobs: bool = False
-    echo: tuple[str | list[int], ...] | None = None  # completions with echo: each prompt (token ids decoded at answer time)
+    # completions with echo: each prompt (token ids decoded at answer time)
+    echo: tuple[str | list[int], ...] | None = None
     single_prompt: bool = False  # completions: prompt was one string or one list of ids (errors name "prompt")
     structure_field: str | None = None  # the body field that asked for structured output
 

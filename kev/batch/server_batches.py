@@ -9,6 +9,7 @@ A shutdown stops the tasks without writing what was cut short.
 from __future__ import annotations
 
 import asyncio
+import builtins  # BatchManager.list (the route's verb) shadows the type inside the class
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -123,7 +124,7 @@ class BatchManager:
             log.exception("batch %s failed", record["id"])
             self._finish(record, "failed", [LineError(0, None, None, f"internal error: {err!r}")])
 
-    def _read(self, record: dict[str, Any]) -> tuple[list[BatchRequest], list[LineError]]:
+    def _read(self, record: dict[str, Any]) -> tuple[builtins.list[BatchRequest], builtins.list[LineError]]:
         """Validating: every line of the input file must be a request to the batch's endpoint."""
         path = self.store.data_path(record["input_file_id"])
         if self.store.file(record["input_file_id"]) is None:
@@ -146,7 +147,7 @@ class BatchManager:
                                                           f"batch.max_requests={self.max_requests}")]
         return requests, errors
 
-    def _resume(self, record: dict[str, Any], requests: list[BatchRequest]) -> list[BatchRequest]:
+    def _resume(self, record: dict[str, Any], requests: builtins.list[BatchRequest]) -> builtins.list[BatchRequest]:
         """What the output files already answer is not run again; request_counts are recounted from them."""
         done = resume(self.store.data_path(record["kev"]["output"]))
         failed = resume(self.store.data_path(record["kev"]["errors"]))
@@ -155,7 +156,7 @@ class BatchManager:
         keys = done.keys | failed.keys
         return [r for r in requests if r.custom_id not in keys]
 
-    async def _answer(self, record: dict[str, Any], requests: list[BatchRequest], stop: asyncio.Event) -> None:
+    async def _answer(self, record: dict[str, Any], requests: builtins.list[BatchRequest], stop: asyncio.Event) -> None:
         backend = await self._backend(stop)
         if backend is None:
             return
@@ -188,7 +189,7 @@ class BatchManager:
                 pass
         return None
 
-    def _finish(self, record: dict[str, Any], status: str, errors: list[LineError] | None = None) -> None:
+    def _finish(self, record: dict[str, Any], status: str, errors: builtins.list[LineError] | None = None) -> None:
         now = int(time.time())
         record["status"] = status
         if status == "failed":

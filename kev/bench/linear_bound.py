@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import cast
 
 import torch
 
-from kev.model.llama import LlamaModel
+from kev.model.llama import DecoderLayer, LlamaModel
 
 
 @torch.inference_mode()
@@ -19,7 +20,8 @@ def linear_stack_ms(model: LlamaModel, rows: int, repeats: int = 5) -> float:
     tiles = [rows]
 
     def one_pass() -> None:
-        for layer in model.layers:
+        for module in model.layers:
+            layer = cast(DecoderLayer, module)
             layer.self_attn.qkv_proj(x, tiles)
             layer.self_attn.o_proj(x, tiles)
             layer.mlp.gate_up_proj(x, tiles)

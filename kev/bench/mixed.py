@@ -22,7 +22,7 @@ def run_mixed(engine: Engine, max_tokens: int, against_vllm: bool, num_long: int
     answers = engine.generate(questions, timeout=3600, **options)
     kev_seconds = time.perf_counter() - started
     solo = [engine.generate([q], timeout=3600, **options)[0].token_ids for q in questions]
-    rows = [{"path": "kev", "questions": len(questions), "completion_tokens": sum(a.completion_tokens for a in answers),
+    rows: list[dict[str, Any]] = [{"path": "kev", "questions": len(questions), "completion_tokens": sum(a.completion_tokens for a in answers),
              "seconds": round(kev_seconds, 3),
              "identical_to_solo": f"{sum(a.token_ids == s for a, s in zip(answers, solo))}/{len(questions)}"}]
     if against_vllm:

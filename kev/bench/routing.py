@@ -18,6 +18,7 @@ import bisect
 import os
 import platform
 import random
+from collections.abc import Sequence
 import statistics
 import time
 from collections.abc import Callable
@@ -76,9 +77,9 @@ def traffic(seed: int = 0, num_short: int = 24, num_long: int = 6) -> list[tuple
     return stream
 
 
-def percentile(values: list[float], p: float) -> float:
+def percentile(values: Sequence[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[max(0, -(-len(ordered) * p // 100) - 1)] if ordered else 0.0
+    return ordered[max(0, int(-(-len(ordered) * p // 100)) - 1)] if ordered else 0.0
 
 
 def run_one(name: str, router: dict, model_and_tokenizer, stream: list[tuple[dict, bool]], pool: int = 16,
@@ -97,14 +98,15 @@ def run_one(name: str, router: dict, model_and_tokenizer, stream: list[tuple[dic
         started = time.time()
         rid = engine.submit([q for q, _ in stream], timeout_ms=600_000, system=SYSTEM)
         results = list(zip(engine.wait(rid, 1200), (is_long for _, is_long in stream)))
-        total = max(r.finished_at for r, _ in results) - started
+        finished_at = [r.finished_at or started for r, _ in results]
+        total = max(finished_at) - started
         step_ends = [s.at for s in list(engine.stats.recent)[-(engine.num_steps - steps_before):]]
-    latency = {False: [], True: []}
-    steps = {False: [], True: []}
+    latency: dict[bool, list[float]] = {False: [], True: []}
+    steps: dict[bool, list[int]] = {False: [], True: []}
     channels: dict[int, int] = {}
     tokens = {False: 0, True: 0}
     for r, is_long in results:
-        assert r.status == "ok", r.error
+        assert r.status == "ok" and r.finished_at is not None and r.channel_id is not None, r.error
         latency[is_long].append((r.finished_at - started) * 1000)
         steps[is_long].append(bisect.bisect_left(step_ends, r.finished_at) + 1)  # the step that finished it
         channels[r.channel_id] = channels.get(r.channel_id, 0) + 1
@@ -154,7 +156,8 @@ def run_routing(repeats: int = 1, seed: int = 0, pool: int = 16, parallel: int =
     runs: dict[str, list[Row]] = {name: [] for name, _ in STRATEGIES}
     total = repeats * len(STRATEGIES)
     for repeat in range(repeats):
-        for i, (name, router) in enumerate(STRATEGIES):  # interleaved, so a slow spell of the machine hits every strategy
+        # interleaved, so a slow spell of the machine hits every strategy
+        for i, (name, router) in enumerate(STRATEGIES):
             if on_progress is not None:
                 on_progress(f"{name} (run {repeat + 1}/{repeats})", repeat * len(STRATEGIES) + i, total)
             runs[name].append(run_one(name, router, model_and_tokenizer, stream, pool, parallel))

@@ -50,7 +50,8 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
     tick = on_progress or (lambda label, done, total: None)
     tick("warm-up", 0, total)
     engine.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})  # warm-up
-    solo_ids, solo_seconds = [], []
+    solo_ids: list[list[int]] = []
+    solo_seconds: list[float] = []
     for q in questions:
         tick(f"solo question {len(solo_ids) + 1}/{len(questions)}", len(solo_ids), total)
         started = time.perf_counter()

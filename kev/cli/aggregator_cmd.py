@@ -10,9 +10,13 @@ import asyncio
 import os
 import signal
 import socket
+from typing import TYPE_CHECKING
 
 from kev.cli.logs import add_log_flags
 from kev.cli.worker_cmd import add_nats_flag, distributed_config
+
+if TYPE_CHECKING:  # the CLI imports nats-py only for the command that runs
+    from kev.distributed.aggregator import Aggregator
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(aggregator: object) -> None:
+async def _serve(aggregator: Aggregator) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, aggregator.stopping.set)  # type: ignore[attr-defined]
-    await aggregator.run()  # type: ignore[attr-defined]
+        loop.add_signal_handler(sig, aggregator.stopping.set)
+    await aggregator.run()

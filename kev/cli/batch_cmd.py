@@ -11,6 +11,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Literal
 
 from kev.cli.common import add_config_flags, config_from_args
 
@@ -45,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     options = JobOptions(None if args.output == "-" else Path(args.output), args.ordered, args.max_inflight,
                          args.skip_invalid, args.quiet, defaults)
     lines, source = read_source(args.input)
-    fmt = args.format or ("txt" if args.input.endswith(".txt") else "jsonl")
+    fmt: Literal["jsonl", "txt"] = "txt" if (args.format or "jsonl") == "txt" or (
+        args.format is None and args.input.endswith(".txt")) else "jsonl"
     try:
         job = prepare(config, lines, fmt, source, options)
         tally = run_job(config, job, options)

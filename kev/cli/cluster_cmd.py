@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, ask_stop)
     try:
         cluster.up()
-        print(f"kev cluster: router {cluster.url}, {args.workers} worker(s), aggregator, NATS {cluster.nats.url}"  # type: ignore[union-attr]
+        assert cluster.nats is not None  # up() started it
+        print(f"kev cluster: router {cluster.url}, {args.workers} worker(s), aggregator, NATS {cluster.nats.url}"
               f"\n  logs and config in {workdir}\n  Ctrl-C to stop", flush=True)
         while not stop["asked"]:
             for child in cluster.exited():

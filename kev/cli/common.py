@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from kev.config import KevConfig, load_config
 
@@ -23,3 +25,22 @@ def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = No
     for section, values in (extra or {}).items():
         overrides.setdefault(section, {}).update(values)
     return load_config(args.config, overrides)
+
+
+class Report(Protocol):
+    @property
+    def ok(self) -> bool: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Report)
+
+
+def report_and_exit_code(report: R, as_json: bool, print_report: Callable[[R], None]) -> int:
+    """A check's report, as JSON or as tables; its exit status (0: every check passed)."""
+    if as_json:
+        print(json.dumps(report.to_dict(), ensure_ascii=False))
+    else:
+        print_report(report)
+    return 0 if report.ok else 1

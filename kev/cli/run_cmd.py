@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--isolation", choices=["strict", "shared", "loose"])
     parser.add_argument("--system", help="a shared system prompt")
-    parser.add_argument("--timeout-ms", type=int, help="per-question timeout (default: aggregator.timeout_ms)")
+    parser.add_argument("--timeout-ms", type=int, help="per-question timeout (default: router.default_timeout_ms)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for all answers")
     parser.add_argument("--json", action="store_true", help="one JSON object per result per line")
 
@@ -58,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
         request_id = engine.submit(queries, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                                    isolation=args.isolation, system=args.system, timeout_ms=args.timeout_ms)
         deadline = time.monotonic() + args.timeout
-        while engine.scheduler.has_work() and time.monotonic() < deadline:
+        while engine.has_work() and time.monotonic() < deadline:
             engine.step()
             done = len(engine.results(request_id))
             bar(f"{done}/{len(queries)} answered, {engine.num_steps} steps", done, len(queries))
-        if engine.scheduler.has_work():  # --timeout passed: what is unfinished ends cancelled, its text so far kept
+        if engine.has_work():  # --timeout passed: what is unfinished ends cancelled, its text so far kept
             engine.cancel(request_id)
         results = engine.wait(request_id)
         steps = engine.num_steps

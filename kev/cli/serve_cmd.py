@@ -64,10 +64,10 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(config, api_key=api_key, on_load_failed=stop_on_load_failure)
     grace = config.server.shutdown_grace_s
     server = DrainingServer(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level, log_config=None,
-                                           timeout_graceful_shutdown=DrainingServer.timeout_for(grace),
+                                           timeout_graceful_shutdown=DrainingServer.timeout_for(grace),  # type: ignore[arg-type]  # float seconds work
                                            http=guarded_h11(config.server.header_timeout_s),
                                            limit_concurrency=config.server.max_connections,
-                                           timeout_keep_alive=config.server.keep_alive_s,
+                                           timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # uvicorn's stub says int; float works
                                            access_log=args.log_level == "debug"), app.state.service, grace)
     holder.append(server)
     # uvicorn re-raises the SIGTERM/SIGINT it handled once it is done; a no-op handler lets us exit 0.

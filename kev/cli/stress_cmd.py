@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from rich.console import Console
 from rich.table import Table
 
-from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.common import add_config_flags, config_from_args, report_and_exit_code
 from kev.cli.progress import progress_bar
 from kev.config import KevConfig
 from kev.engine.engine import Engine
@@ -49,11 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
         options = StressOptions(args.duration, args.questions, args.max_tokens, levels, args.seed, on_progress=on_progress)
         report = run_stress(factory, config, options)
-    if args.json:
-        print(json.dumps(report.to_dict(), ensure_ascii=False))
-    else:
-        print_report(report)
-    return 0 if report.ok else 1
+    return report_and_exit_code(report, args.json, print_report)
 
 
 def print_report(report: StressReport) -> None:

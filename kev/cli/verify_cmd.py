@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from rich.console import Console
 from rich.table import Table
 
-from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.common import add_config_flags, config_from_args, report_and_exit_code
 from kev.cli.progress import progress_bar
 from kev.engine.engine import Engine
 from kev.isolation.levels import LEVELS, config_for_level
@@ -38,11 +37,7 @@ def run(args: argparse.Namespace) -> int:
                             system, seed=args.seed)
     with progress_bar("loading the model") as bar, Engine(config, record_logits=True, background=False) as engine:
         report = run_verify(engine, options, bar)
-    if args.json:
-        print(json.dumps(report.to_dict(), ensure_ascii=False))
-    else:
-        print_report(report)
-    return 0 if report.ok else 1
+    return report_and_exit_code(report, args.json, print_report)
 
 
 def print_report(report: VerifyReport) -> None:

@@ -12,10 +12,14 @@ import os
 import re
 import signal
 import socket
+from typing import TYPE_CHECKING
 
 from kev.cli.common import add_config_flags, config_from_args
 from kev.cli.logs import add_log_flags
 from kev.config import KevConfig, load_config
+
+if TYPE_CHECKING:  # the CLI imports nats-py only for the command that runs
+    from kev.distributed.worker import Worker
 from kev.errors import ConfigError
 
 
@@ -61,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(worker: object, grace: float) -> None:
+async def _serve(worker: Worker, grace: float) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stopping.set)  # type: ignore[attr-defined]
-    await worker.run(grace)  # type: ignore[attr-defined]
+        loop.add_signal_handler(sig, worker.stopping.set)
+    await worker.run(grace)

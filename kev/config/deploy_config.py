@@ -47,10 +47,12 @@ class DeployConfig(BaseModel):
     nats_tls: NatsTls | None = None
     subject_prefix: str = "kev"  # subjects, streams and buckets are named after it: two clusters can share NATS
     partitions: int | None = Field(None, ge=1, le=1024)  # work partitions the router hashes over; default `workers`
-    stream_replicas: int = Field(1, ge=1, le=5)  # JetStream copies of every stream and bucket (3 on a 3-node NATS cluster)
+    # JetStream copies of every stream and bucket (3 on a 3-node NATS cluster)
+    stream_replicas: int = Field(1, ge=1, le=5)
     ack_wait_s: float = Field(10.0, ge=0.5)  # a pulled question not acked (nor heartbeated) this long is redelivered
     max_deliver: int = Field(5, ge=1)  # deliveries of one question before JetStream gives up (its deadline answers it)
-    queue_timeout_ms: int = Field(60_000, ge=1)  # how long a question may wait in the stream before the aggregator times it out
+    # how long a question may wait in the stream before the aggregator times it out
+    queue_timeout_ms: int = Field(60_000, ge=1)
     result_ttl_s: float = Field(3600.0, gt=0)  # how long answers and request records stay in the JetStream KV buckets
     heartbeat_s: float = Field(1.0, gt=0)  # worker status period; a worker silent for 3 periods counts as gone
 

@@ -4,15 +4,19 @@ Models are frozen and forbid unknown keys: a typo is an error that names the key
 """
 from __future__ import annotations
 
+import logging
 import re
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kev.batch.batch_config import BatchConfig
 from kev.config.deploy_config import DeployConfig
 from kev.config.precision import pick_precision
-from kev.server.server_config import ServerConfig
+from kev.config.server_config import ServerConfig
+
+log = logging.getLogger("kev.config")
 
 
 class _Section(BaseModel):
@@ -49,7 +53,17 @@ class RouterConfig(_Section):
     categories: dict[str, tuple[str, ...]] = {}  # name -> regexes, matched before hashing, first match wins
     default_max_tokens: int = Field(256, ge=1)
     max_tokens_cap: int = Field(4096, ge=1)
+    # The deadline of a question whose request sets no timeout_ms, counted from when it enters its channel;
+    # None (the default): no wall-clock deadline. Was aggregator.timeout_ms (still read, with a warning).
+    default_timeout_ms: int | None = Field(None, ge=1)
     timeout_ms_cap: int = Field(600_000, ge=1)
+
+    @model_validator(mode="after")
+    def _timeout_under_cap(self) -> RouterConfig:
+        if self.default_timeout_ms is not None and self.default_timeout_ms > self.timeout_ms_cap:
+            raise ValueError(f"router.default_timeout_ms ({self.default_timeout_ms}) exceeds "
+                             f"router.timeout_ms_cap ({self.timeout_ms_cap})")
+        return self
 
     @model_validator(mode="after")
     def _pool_holds_parallel(self) -> RouterConfig:
@@ -120,7 +134,8 @@ class IsolationConfig(_Section):
 
 
 class AuditConfig(_Section):
-    path: str | None = None  # JSON lines (steps, KV, alerts, one "result" per answer); None keeps the checks but writes nothing
+    # JSON lines (steps, KV, alerts, one "result" per answer); None keeps the checks but writes nothing
+    path: str | None = None
     level: Literal["summary", "full"] = "summary"  # full adds every channel's block ids per step and each answer's text
 
 
@@ -174,8 +189,6 @@ class CoreConfig(_Section):
 
 class AggregatorConfig(_Section):
     mode: Literal["slot_map", "seq_append", "priority"] = "slot_map"
-    # Per-channel budget in ms; None (the default): no wall-clock deadline unless a request sets one.
-    timeout_ms: int | None = Field(None, ge=1)
 
 
 class KevConfig(_Section):
@@ -188,12 +201,21 @@ class KevConfig(_Section):
     server: ServerConfig = ServerConfig()
     batch: BatchConfig = BatchConfig()
 
-    @model_validator(mode="after")
-    def _timeout_under_cap(self) -> KevConfig:
-        if self.aggregator.timeout_ms is not None and self.aggregator.timeout_ms > self.router.timeout_ms_cap:
-            raise ValueError(f"aggregator.timeout_ms ({self.aggregator.timeout_ms}) exceeds "
-                             f"router.timeout_ms_cap ({self.router.timeout_ms_cap})")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_timeout_key(cls, data: Any) -> Any:
+        """aggregator.timeout_ms was the per-question deadline in all but name: read as router.default_timeout_ms."""
+        aggregator = data.get("aggregator") if isinstance(data, dict) else None
+        if not isinstance(aggregator, dict) or "timeout_ms" not in aggregator:
+            return data
+        router = data.get("router") or {}
+        if not isinstance(router, dict) or "default_timeout_ms" in router:
+            raise ValueError("aggregator.timeout_ms: deprecated alias of router.default_timeout_ms; set only the latter")
+        warnings.warn("aggregator.timeout_ms is deprecated: it is the per-question deadline, now "
+                      "router.default_timeout_ms", DeprecationWarning, stacklevel=2)
+        log.warning("config: aggregator.timeout_ms is deprecated; read as router.default_timeout_ms")
+        aggregator = {k: v for k, v in aggregator.items() if k != "timeout_ms"}
+        return {**data, "aggregator": aggregator, "router": {**router, "default_timeout_ms": data["aggregator"]["timeout_ms"]}}
 
     @model_validator(mode="after")
     def _replicas_hold_the_groups(self) -> KevConfig:

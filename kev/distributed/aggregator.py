@@ -24,7 +24,7 @@ from nats.aio.msg import Msg
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.distributed.answers import claim
-from kev.distributed.connection import Link, connect_forever
+from kev.distributed.connection import NATS_ERRORS, Link, connect_forever
 from kev.distributed.dead_letter import reject
 from kev.distributed.messages import (AnswerMessage, DeltaMessage, MalformedMessage, OutMessage, RequestRecord,
                                       ResultMessage, decode)
@@ -62,10 +62,10 @@ class Aggregator:
         while not self.stopping.is_set():
             try:
                 msgs = await answers.fetch(64, timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.caught_up = True
                 continue
-            except Exception as err:  # NATS away: it comes back by itself
+            except NATS_ERRORS as err:  # NATS away: it comes back by itself
                 log.debug("aggregator %s: fetch failed: %s", self.aggregator_id, err)
                 self.caught_up = False
                 await asyncio.sleep(0.5)
@@ -170,7 +170,7 @@ class Aggregator:
             assert self.link is not None
             try:
                 watcher = await self.link.requests.watchall()
-            except Exception as err:
+            except NATS_ERRORS as err:
                 log.debug("aggregator %s: watch failed: %s", self.aggregator_id, err)
                 await asyncio.sleep(0.5)
                 continue
@@ -198,5 +198,5 @@ class Aggregator:
     async def _guarded(self, awaitable: Any) -> None:
         try:
             await awaitable
-        except Exception as err:
+        except NATS_ERRORS as err:
             log.debug("aggregator %s: %s", self.aggregator_id, err)

@@ -65,7 +65,8 @@ class LocalCluster:
         config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url, "workers": self.num_workers,
                                                       "devices": []}})
         path = self.workdir / "kev.yaml"
-        path.write_text(json.dumps({"kev": config.model_dump(mode="json", exclude_none=True)}, indent=1))  # JSON is YAML
+        # JSON is YAML
+        path.write_text(json.dumps({"kev": config.model_dump(mode="json", exclude_none=True)}, indent=1))
         return path, config.server.api_key
 
     def _spawn(self, name: str, args: list[str]) -> None:

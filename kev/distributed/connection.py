@@ -23,6 +23,9 @@ from kev.config.deploy_config import DeployConfig
 from kev.distributed.subjects import Topology
 
 log = logging.getLogger("kev.distributed")
+# What a call to NATS raises when NATS is away or slow (it comes back by itself): caught where a retry follows.
+# Anything else is a bug and propagates.
+NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, OSError, asyncio.TimeoutError)
 Callback = Callable[[], Awaitable[None]]
 
 
@@ -118,7 +121,7 @@ async def connect_forever(deploy: DeployConfig, name: str, stopping: asyncio.Eve
             log.info("%s: NATS at %s not reachable (%s: %s); retrying", name, deploy.nats_url, type(err).__name__, err)
         try:
             await asyncio.wait_for(stopping.wait(), delay)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             delay = min(delay * 2, 2.0)
     return None
 

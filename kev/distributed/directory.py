@@ -45,7 +45,7 @@ class WorkerDirectory:
 
     def totals(self) -> tuple[EngineStats, dict[str, int]]:
         """The live workers' step counters, and the audit alert counts of every worker heard from, added up."""
-        stats, alerts = EngineStats(), {}
+        stats, alerts = EngineStats(), dict[str, int]()
         for s in self.live():
             stats.num_steps += s.num_steps
             stats.num_tokens_computed += s.num_tokens_computed

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from kev.aggregator.result import Result
 
-VERSION = 1
+VERSION: Literal[1] = 1
 Token = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # goes into a subject: one token
 
 
@@ -42,7 +42,7 @@ class QuestionRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     index: int = Field(ge=0)
-    expires_at: float | None = None  # None: no deadline (neither the request nor aggregator.timeout_ms set one)
+    expires_at: float | None = None  # None: no deadline (neither the request nor router.default_timeout_ms set one)
     original_text: str | None = None
     hash_bucket: int | None = None
     category: str | None = None

@@ -43,7 +43,8 @@ def validate_options(config: KevConfig, options: dict[str, Any]) -> SubmitOption
 def prepare(queries: list[Any], request_id: str, submit: SubmitOptions, config: KevConfig, tokenizer: Tokenizer,
             vocab_size: int, router: Router) -> tuple[list[Prepared], list[Result]]:
     """Per question: a Prepared to publish, or an error result (as the engine would have made it)."""
-    read, errors = read_questions(queries, request_id, submit, tokenizer, config, vocab_size, router)
+    read, refused = read_questions(queries, request_id, submit, tokenizer, config, vocab_size, router)
+    errors = [r.result for r in refused]
     for result in errors:
         result.started_at = result.finished_at = time.time()
     prepared: list[Prepared] = []

@@ -1,15 +1,17 @@
 """ReplicaEngine: deploy.mode multi_gpu: one engine replica per device (deploy.devices), in this process.
 
-It has the Engine's API, so `kev serve` and the library use it unchanged. A request's
+It implements EngineAPI, so `kev serve` and the library use it as they use an Engine. A request's
 questions are placed on replicas by the router's strategy over replicas (placement.py; the
 breaker and spill read each replica's queue), each replica gets its share as one request
-and packs it into its own forwards; a drain thread per share maps the answers back to the
-caller's indexes. Replicas on the same device share one copy of the weights (read-only).
+and packs it into its own forwards. One subscription per replica to its event stream maps
+the events back to the caller's request and indexes (no thread per request). Replicas on the
+same device share one copy of the weights (read-only).
 Tensor parallelism (one model split over devices) is not implemented: core.tensor_parallel > 1
 is a config error.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from collections.abc import Iterator
@@ -23,7 +25,8 @@ from kev.distributed.placement import PartitionPlacer
 from kev.engine.embedder import MeanEmbedder
 from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts, load_model_and_tokenizer
-from kev.engine.request import Request, StreamEvent
+from kev.engine.events import EventRouter
+from kev.engine.request import EventListener, Request, StreamEvent
 from kev.engine.stats import EngineLoad, StepRecord
 from kev.errors import InvalidRequestError, UnknownRequestError
 from kev.router.features import QuestionFeatures
@@ -39,7 +42,7 @@ class Share:
 
 
 class ReplicaStats:
-    """The replicas' EngineStats and audit alert counts, added up (what /v1/stats and /metrics read)."""
+    """The replicas' EngineStats, added up (what /v1/stats and /metrics read)."""
 
     def __init__(self, replicas: list[Engine]) -> None:
         self.replicas = replicas
@@ -60,14 +63,6 @@ class ReplicaStats:
     def num_tokens_generated(self) -> int:
         return sum(e.stats.num_tokens_generated for e in self.replicas)
 
-    @property
-    def alert_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for e in self.replicas:
-            for kind, n in e.audit.alert_counts.items():
-                counts[kind] = counts.get(kind, 0) + n
-        return counts
-
 
 class ReplicaEngine:
     def __init__(self, config: KevConfig) -> None:
@@ -85,10 +80,18 @@ class ReplicaEngine:
         self.tokenizer = first.tokenizer
         encoder = MeanEmbedder(first.runner.model.embed_tokens.weight, first.tokenizer)
         self.placer = PartitionPlacer.build(config.router, len(self.replicas), encoder)
-        self.requests: dict[str, Request] = {}  # the caller's view, fed by the drain threads
+        self.requests: dict[str, Request] = {}  # the caller's view, fed by the replicas' event streams
         self.shares: dict[str, list[Share]] = {}
-        self.stats = self.audit = ReplicaStats(self.replicas)  # the Engine's two counter objects, added up
-        self._lock = threading.Lock()  # placement reads and bumps the replicas' loads; delivery adds results
+        self.priorities: dict[str, dict[int, int]] = {}  # request_id -> index -> priority (aggregator.mode priority)
+        self.stats = ReplicaStats(self.replicas)
+        self.listeners: list[EventListener] = []
+        self.routers = [EventRouter() for _ in self.replicas]
+        for replica, router in zip(self.replicas, self.routers):
+            replica.subscribe(router)
+        self._lock = threading.Lock()  # placement reads and bumps the replicas' loads
+        # Delivery runs on a replica's thread with that replica's lock held: its own lock, never held while
+        # calling into a replica, so the two cannot wait on each other.
+        self._deliver_lock = threading.Lock()
 
     # --- the Engine API ------------------------------------------------------------
     def submit(self, queries: list[Any], **options: Any) -> str:
@@ -104,12 +107,13 @@ class ReplicaEngine:
         except BaseException:
             for share in shares:
                 self.replicas[share.replica].forget(share.request_id)
+                self.routers[share.replica].drop(share.request_id)
             raise
-        isolation = self.replicas[shares[0].replica].requests[shares[0].request_id].isolation
-        request = self.requests[request_id] = Request(request_id, len(queries), isolation)
-        self.shares[request_id] = shares
+        request = Request(request_id, len(queries), options.get("isolation") or self.config.isolation.level)
+        self.requests[request_id], self.shares[request_id] = request, shares
+        self.priorities[request_id] = {i: _priority(raw) for i, raw in enumerate(queries)}
         for share in shares:
-            threading.Thread(target=self._drain, args=(request, share), name=f"kev-replica-{request_id}", daemon=True).start()
+            self.routers[share.replica].route(share.request_id, functools.partial(self._on_event, request, share))
         return request_id
 
     def _place(self, queries: list[Any]) -> dict[int, list[int]]:
@@ -117,7 +121,7 @@ class ReplicaEngine:
         (that replica's own overflow_policy then decides, as in single mode)."""
         with self._lock:
             engines = self.replicas
-            self.placer.loads.update([e.queue_length() for e in engines], [len(e.scheduler.running) for e in engines], 0)
+            self.placer.loads.update([e.queue_length() for e in engines], [e.load().num_running for e in engines], 0)
             by_replica: dict[int, list[int]] = {}
             for index, raw in enumerate(queries):
                 placement = self.placer.place(self._features(raw))
@@ -134,21 +138,42 @@ class ReplicaEngine:
             text = self.placer.router.normalizer.normalize(text)
         return self.placer.router.describe(text, len(self.tokenizer.encode(text)))
 
-    def _drain(self, request: Request, share: Share) -> None:
-        for event in self.replicas[share.replica].stream(share.request_id):
-            if event.result is None:
-                request.events.put(StreamEvent(share.indexes[event.index], event.channel_id, event.text, event.token_ids))
-            else:
-                self._deliver(request, share, event.result)
+    def _on_event(self, request: Request, share: Share, event: StreamEvent) -> None:
+        """A replica's event of one share, on that replica's thread: the caller's request and index."""
+        if event.result is None:
+            request.publish(replace(event, index=share.indexes[event.index], request_id=request.request_id),
+                            self.listeners)
+        else:
+            self._deliver(request, share, event.result)
 
     def _deliver(self, request: Request, share: Share, result: Result) -> None:
-        with self._lock:
+        with self._deliver_lock:
             index = share.indexes[result.index]
             if index in request.results:
                 return
-            # A copy: the replica's own request keeps its result (and the drain thread may see the same object).
-            request.add_result(replace(result, request_id=request.request_id, index=index,
-                                       worker=f"replica{share.replica}:{self.devices[share.replica]}"))
+            # A copy: the replica's own request keeps its result.
+            result = replace(result, request_id=request.request_id, index=index,
+                             worker=f"replica{share.replica}:{self.devices[share.replica]}")
+            request.add_result(result, self.listeners)
+
+    def subscribe(self, listener: EventListener) -> None:
+        self.listeners.append(listener)
+
+    def unsubscribe(self, listener: EventListener) -> None:
+        self.listeners.remove(listener)
+
+    def alert_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for replica in self.replicas:
+            for kind, n in replica.alert_counts().items():
+                counts[kind] = counts.get(kind, 0) + n
+        return counts
+
+    def cancel_unfinished(self) -> int:
+        unfinished = [rid for rid, request in list(self.requests.items()) if not request.done.is_set()]
+        for request_id in unfinished:
+            self.cancel(request_id)
+        return len(unfinished)
 
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
         request = self._request(request_id)
@@ -157,11 +182,7 @@ class ReplicaEngine:
 
     def results(self, request_id: str) -> list[Result]:
         request = self._request(request_id)
-        priorities: dict[int, int] = {}
-        for share in self.shares.get(request_id, []):
-            part = self.replicas[share.replica].requests.get(share.request_id)
-            priorities |= {share.indexes[i]: q.priority for i, q in (part.questions.items() if part else [])}
-        return order_results(list(request.results.values()), self.config.aggregator.mode, priorities)
+        return order_results(list(request.results.values()), self.config.aggregator.mode, self.priorities[request_id])
 
     def stream(self, request_id: str, timeout: float | None = None) -> Iterator[StreamEvent]:
         yield from self._request(request_id).iter_events(timeout)
@@ -176,9 +197,11 @@ class ReplicaEngine:
                 self._deliver(request, share, result)
 
     def forget(self, request_id: str) -> None:
-        self.requests.pop(request_id, None)
         for share in self.shares.pop(request_id, []):
             self.replicas[share.replica].forget(share.request_id)
+            self.routers[share.replica].drop(share.request_id)
+        self.requests.pop(request_id, None)
+        self.priorities.pop(request_id, None)
 
     def generate(self, queries: list[Any], timeout: float | None = None, **options: Any) -> list[Result]:
         return self.wait(self.submit(queries, **options), timeout)
@@ -221,3 +244,9 @@ def _text_of(raw: Any) -> str:
         last = raw[-1] if raw else {}
         raw = last.get("content", "") if isinstance(last, dict) else ""
     return raw if isinstance(raw, str) else ""
+
+
+def _priority(raw: Any) -> int:
+    """A question's priority as submit() reads it (a dict's own `priority`; 0 otherwise)."""
+    priority = raw.get("priority", 0) if isinstance(raw, dict) else 0
+    return priority if isinstance(priority, int) else 0

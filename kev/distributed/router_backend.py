@@ -23,15 +23,14 @@ from nats.aio.msg import Msg
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.distributed.answers import claim, read_answer
-from kev.distributed.connection import Link
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import (MalformedMessage, OutMessage, QuestionRecord, RequestRecord, WorkItem, decode,
                                       result_from_dict)
 from kev.distributed.placement import PartitionPlacer
 from kev.distributed.prepare import Prepared, prepare, validate_options
+from kev.distributed.router_encoder import load_router_model
 from kev.distributed.router_link import RouterLink
 from kev.distributed.router_requests import OpenRequest
-from kev.distributed.router_encoder import load_router_model
 from kev.engine.stats import EngineLoad, EngineStats
 from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError, UnknownRequestError
 from kev.router.router import Placement
@@ -183,10 +182,12 @@ class DistributedBackend:
 
     async def _reconcile(self, min_age_s: float) -> None:
         """Read back answers this router missed (it was disconnected when they were relayed)."""
-        now = time.monotonic()
+        now, answers = time.monotonic(), self.link.answers
+        if answers is None:  # not connected yet: nothing to read back
+            return
         for request in [r for r in self.requests.values() if not r.is_done and now - r.created >= min_age_s]:
             for index in request.missing():
-                found = await read_answer(self.link.answers, request.request_id, index)
+                found = await read_answer(answers, request.request_id, index)
                 if found is not None:
                     self._accept(request, found[1], found[0])
 

@@ -19,7 +19,7 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
 from kev.config.deploy_config import DeployConfig
-from kev.distributed.connection import Link, connect_forever, topology_of
+from kev.distributed.connection import NATS_ERRORS, Link, connect_forever, topology_of
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import RequestRecord, WorkItem
 from kev.distributed.placement import PartitionLoads
@@ -87,7 +87,7 @@ class RouterLink:
                     await self._guarded(self._reconcile(1.0))
             try:
                 await asyncio.wait_for(self._stopping.wait(), POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _on_status(self, msg: Msg) -> None:
@@ -103,7 +103,7 @@ class RouterLink:
             infos = await asyncio.gather(*(link.js.consumer_info(self.topology.work_stream, durable)
                                            for durable, _ in consumers))
             aggregator = await link.js.consumer_info(self.topology.results_stream, self.topology.aggregator_consumer)
-        except Exception as err:  # NATS went away mid-poll: keep the last counts
+        except NATS_ERRORS as err:  # NATS went away mid-poll: keep the last counts
             log.debug("router %s: backlog poll failed: %s", self.router_id, err)
             return
         if aggregator.num_waiting:
@@ -117,7 +117,7 @@ class RouterLink:
     async def next_poll(self, timeout: float) -> None:
         try:
             await asyncio.wait_for(self._polled.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     # --- what the backend sends ------------------------------------------------------
@@ -131,14 +131,14 @@ class RouterLink:
         await self.link.js.publish(subject, item.encode(), headers={"Nats-Msg-Id": f"{item.request_id}.{item.index}"})
 
     async def broadcast_cancel(self, request_id: str) -> None:
-        if self.is_connected:
-            await self._guarded(self.link.nc.publish(self.topology.cancel_subject,  # type: ignore[union-attr]
+        if self.link is not None and self.link.is_connected:
+            await self._guarded(self.link.nc.publish(self.topology.cancel_subject,
                                                      json.dumps({"request_id": request_id}).encode()))
 
     async def drop_record(self, request_id: str) -> None:
         """The request is over: the aggregator stops watching its deadlines."""
-        if self.is_connected:
-            await self._guarded(self.link.requests.delete(request_id))  # type: ignore[union-attr]
+        if self.link is not None and self.link.is_connected:
+            await self._guarded(self.link.requests.delete(request_id))
 
     async def withdraw(self, request_id: str) -> None:
         """A request that failed half-way through publishing: whatever got out is cancelled."""
@@ -150,7 +150,7 @@ class RouterLink:
         if self.link is not None:
             try:
                 await asyncio.wait_for(self.link.nc.flush(), 2)
-            except Exception as err:
+            except NATS_ERRORS as err:
                 log.debug("router %s: final flush: %s", self.router_id, err)
             await self.link.nc.close()
 

@@ -26,13 +26,15 @@ from nats.js import JetStreamContext
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
-from kev.distributed.connection import Link, connect_forever
+from kev.distributed.connection import NATS_ERRORS, Link, connect_forever
 from kev.distributed.dead_letter import reject
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import MalformedMessage, WorkerStatus, WorkItem, decode
 from kev.distributed.subjects import answer_key
-from kev.distributed.worker_job import Job, drain, groups
-from kev.engine.engine import Engine
+from kev.distributed.worker_job import Job, groups
+from kev.engine.api import EngineAPI
+from kev.engine.events import EventRouter
+from kev.engine.request import StreamEvent
 from kev.errors import KevError
 
 log = logging.getLogger("kev.distributed")
@@ -43,7 +45,7 @@ CANCEL_MEMORY_S = 600.0
 
 
 class Worker:
-    def __init__(self, config: KevConfig, engine: Engine, worker_id: str, partition: int) -> None:
+    def __init__(self, config: KevConfig, engine: EngineAPI, worker_id: str, partition: int) -> None:
         self.config, self.engine, self.worker_id, self.partition = config, engine, worker_id, partition
         self.capacity = config.router.max_parallel_queries
         self.jobs: dict[str, Job] = {}  # "<request_id>.<index>" -> job
@@ -53,6 +55,8 @@ class Worker:
         self.link: Link | None = None
         self._room = asyncio.Event()  # set when a job ends
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.events = EventRouter()  # the engine's one event stream, routed to each group's jobs
+        engine.subscribe(self.events)
 
     async def run(self, grace_s: float = 30.0) -> None:
         deploy = self.config.deploy
@@ -93,9 +97,9 @@ class Worker:
             msgs += await sub.fetch(free, timeout=timeout)
             while len(msgs) < free:  # a request's questions arrive one by one: gather them, so they start together
                 msgs += await sub.fetch(free - len(msgs), timeout=GATHER_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
-        except Exception as err:  # NATS went away: the connection comes back by itself
+        except NATS_ERRORS as err:  # NATS went away: the connection comes back by itself
             log.debug("worker %s: fetch failed: %s", self.worker_id, err)
             await self._wait(self.stopping, timeout)
             return 0
@@ -138,10 +142,15 @@ class Worker:
         else:
             for job in jobs:
                 job.engine_request_id = engine_request_id
-            drain(self.engine.stream(engine_request_id), jobs, asyncio.get_running_loop())
+            loop = asyncio.get_running_loop()
+
+            def to_job(event: StreamEvent) -> None:  # on the engine's thread: hand off to the loop
+                loop.call_soon_threadsafe(jobs[event.index].events.put_nowait, event)
+            self.events.route(engine_request_id, to_job)
         await asyncio.gather(*(self._run_job(job) for job in jobs))
         if jobs[0].engine_request_id is not None:
             self.engine.forget(jobs[0].engine_request_id)
+            self.events.drop(jobs[0].engine_request_id)
 
     async def _run_job(self, job: Job) -> None:
         assert self.link is not None
@@ -204,7 +213,7 @@ class Worker:
                               channels=channels, queue_length=sum(c["queued"] for c in channels),
                               num_steps=self.engine.stats.num_steps, num_tokens_computed=self.engine.stats.num_tokens_computed,
                               num_tokens_generated=self.engine.stats.num_tokens_generated,
-                              alerts=dict(self.engine.audit.alert_counts), load=asdict(load))
+                              alerts=self.engine.alert_counts(), load=asdict(load))
         await self.link.nc.publish(self.link.topology.status_subject(self.worker_id), status.encode())
 
     async def _on_status(self, msg: Msg) -> None:
@@ -228,8 +237,8 @@ class Worker:
             self._room.clear()
         for job in list(self.jobs.values()):
             await self._guarded(job.msg.nak())
-        for engine_request_id in {j.engine_request_id for j in self.jobs.values()} - {None}:
-            await asyncio.to_thread(self.engine.forget, engine_request_id)  # type: ignore[arg-type]
+        for engine_request_id in {j.engine_request_id for j in self.jobs.values() if j.engine_request_id is not None}:
+            await asyncio.to_thread(self.engine.forget, engine_request_id)
         for task in list(self._tasks):
             task.cancel()
         if self.link is not None:  # close, not drain: drain waits out its timeout on pull subscriptions
@@ -239,14 +248,14 @@ class Worker:
     async def _guarded(self, awaitable: Any) -> None:
         try:
             await awaitable
-        except Exception as err:
+        except NATS_ERRORS as err:
             log.debug("worker %s: %s", self.worker_id, err)
 
     @staticmethod
     async def _wait(event: asyncio.Event, timeout: float) -> None:
         try:
             await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     def _spawn(self, coroutine: Any) -> None:

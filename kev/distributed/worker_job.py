@@ -1,8 +1,8 @@
 """Job: one question a worker pulled, from its engine request to the ack.
 
 The questions of one request pulled together run as one engine request (submit() places
-them all before the next step, so they share its forwards, as in single mode). The engine's
-stream is drained by a thread (it blocks) into each job's asyncio queue; the job's task
+them all before the next step, so they share its forwards, as in single mode). The worker's one
+subscription to the engine's event stream hands each event to its job's asyncio queue; the job's task
 publishes the deltas in order, then the final answer to the results stream (JetStream, acked
 by the server), and only then acks the question. A worker that dies before that ack loses
 nothing: the question is redelivered, and the aggregator keeps the first answer.
@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import nats.errors
 from nats.aio.msg import Msg
 
 from kev.aggregator.result import Result
@@ -37,7 +36,7 @@ class Job:
     def attempt(self) -> int:
         try:
             return self.msg.metadata.num_delivered or 1
-        except Exception:  # not a JetStream delivery (tests that hand-craft one)
+        except nats.errors.NotJSMessageError:  # a plain NATS message (no JetStream metadata): its first delivery
             return 1
 
     def fail(self, message: str) -> None:
@@ -75,13 +74,3 @@ def groups(jobs: list[Job]) -> list[list[Job]]:
     for job in jobs:
         by_key.setdefault((job.item.request_id, json.dumps(job.item.options, sort_keys=True)), []).append(job)
     return list(by_key.values())
-
-
-def drain(engine_stream: Iterable[StreamEvent], jobs: list[Job], loop: asyncio.AbstractEventLoop) -> None:
-    """Start the thread that hands each engine event to its job (event.index is the job's place in the group)."""
-
-    def run() -> None:
-        for event in engine_stream:
-            loop.call_soon_threadsafe(jobs[event.index].events.put_nowait, event)
-
-    threading.Thread(target=run, name=f"kev-jobs-{jobs[0].item.request_id}", daemon=True).start()

@@ -89,7 +89,8 @@ class ChannelPool:
 
     def start(self, question: Question) -> None:
         """The queue head starts running in its channel."""
-        channel = self.channels[question.channel_id]  # type: ignore[index]
+        assert question.channel_id is not None  # bound when it was queued
+        channel = self.channels[question.channel_id]
         assert channel.question is None and channel.queue and channel.queue[0] is question
         channel.queue.pop(0)
         channel.question = question

@@ -26,9 +26,11 @@ def banner(info: dict[str, Any]) -> str:
     """One line an operator reads at start-up (what vLLM and llama.cpp print before serving)."""
     if "kv_tokens" not in info:  # a router: the engines are the workers'
         return " ".join(f"{k}={v}" for k, v in info.items())
-    return (f"model {info['model']} ({info['architecture']}, {info['layers']} layers, {info['params'] / 1e6:.0f}M params), "
+    return (f"model {info['model']} ({info['architecture']}, {info['layers']} layers, "
+            f"{info['params'] / 1e6:.0f}M params), "
             f"{info.get('precision_choice') or info['precision']} on {info['device']}, {info['threads']} threads; "
-            f"max_parallel {info['max_parallel']}, channel pool {info['channel_pool']}, max_context {info['max_context']}; "
+            f"max_parallel {info['max_parallel']}, channel pool {info['channel_pool']}, "
+            f"max_context {info['max_context']}; "
             f"isolation {info['isolation']} ({info['kv_cache']} KV); KV pool {info['kv_tokens']} tokens "
             f"({info['kv_blocks']} blocks x {info['block_size']}), {info['kv_bytes'] / 2**20:.1f} MiB"
             + (f"; {info['replicas']} replicas" if info.get("replicas", 1) > 1 else "")

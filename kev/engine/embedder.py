@@ -10,7 +10,6 @@ there could start a second OpenMP pool, which slows the engine loop's GEMMs (doc
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from kev.model.tokenizer import Tokenizer

@@ -1,8 +1,10 @@
 """Engine: the public API (submit / wait / stream / cancel) around one background step loop.
 
-The loop is schedule → pack → forward → sample → postprocess. Everything a user
+The loop is schedule → pack → forward → sample → update → emit. Everything a user
 calls only touches the scheduler under the lock; the forward runs outside it, so
-new questions join between steps (continuous batching).
+new questions join between steps (continuous batching). The scheduler is the only
+place a question changes state; the output processor turns what each step produced
+into text, events and Results.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,12 +25,13 @@ from kev.engine.describe import describe
 from kev.engine.engine_setup import EngineParts, build_parts, pick_device
 from kev.engine.isolation_guard import IsolationGuard
 from kev.engine.logprobs import LogitRows
+from kev.engine.output import OutputProcessor, OutputSettings
 from kev.engine.overflow import place_all
 from kev.engine.packer import pack
-from kev.engine.postprocess import Postprocessor
 from kev.engine.question import Question
-from kev.engine.request import Request, StreamEvent
+from kev.engine.request import EventListener, Request, StreamEvent
 from kev.engine.sampler import sample
+from kev.engine.plan import StepPlan
 from kev.engine.stats import EngineLoad, EngineStats
 from kev.engine.structured import GrammarCompiler
 from kev.engine.submission import SubmitOptions, build_questions
@@ -70,11 +73,15 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.audit = AuditLog(config.audit.path, config.audit.level)
         self.parts.blocks.on_change = self.audit.on_blocks
-        self.post = Postprocessor(self.parts, self.requests, record_logits, self.audit)
-        self.grammars = GrammarCompiler(self.tokenizer, self.runner.model.config.vocab_size, sorted(self.post.eos_ids))
-        self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler, self.post)
-        self.metadata_hook: Callable[[StepMetadata], None] | None = None
-        self._lock = threading.Condition()
+        eos_ids = self.scheduler.eos_ids
+        settings = OutputSettings(eos_ids, config.core.max_context, self.runner.fingerprint, parts.router.strategy_name,
+                                  record_logits)
+        self.output = OutputProcessor(self.tokenizer, settings, self.requests, self.audit,
+                                      self.scheduler.stop_at_string)
+        self.grammars = GrammarCompiler(self.tokenizer, self.runner.model.config.vocab_size, sorted(eos_ids))
+        self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler.fail_channels)
+        self._mutex = threading.RLock()
+        self._lock = threading.Condition(self._mutex)
         # overflow_policy `wait`: each blocked submit() waits on its own condition (of the same lock), woken
         # only once its questions are bound, so a step never wakes every blocked caller at once.
         self._bind_waiters: list[tuple[list[Question], threading.Condition]] = []
@@ -107,7 +114,8 @@ class Engine:
         sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
                     "seed": seed, "stop": stop, "ignore_eos": ignore_eos, "logprobs": logprobs,
                     "prompt_logprobs": prompt_logprobs, "structured_outputs": structured_outputs,
-                    "logit_bias": logit_bias, "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
+                    "logit_bias": logit_bias, "presence_penalty": presence_penalty,
+                    "frequency_penalty": frequency_penalty}
         options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
@@ -119,19 +127,20 @@ class Engine:
             if self._closed:
                 raise InvalidRequestError("engine is closed")
             self.requests[request_id] = request
-            self.scheduler.request_parallel[request_id] = options.max_parallel
+            self.scheduler.open_request(request_id, options.max_parallel)
             request.questions.update((q.index, q) for q in questions)
             try:
                 place_all(self.scheduler, questions, self.config.router.overflow_policy, self._wait_for_room)
             except (RejectedError, OverflowTimeoutError):
-                del self.requests[request_id], self.scheduler.request_parallel[request_id]
+                del self.requests[request_id]
+                self.scheduler.close_request(request_id)
                 raise
             finally:
                 self._lock.notify_all()
-            for result in errors:  # only an accepted request has results
-                if result.error and "core.max_context" in result.error:
-                    self.audit.alert(Alert("context_overflow", f"request {request_id}: {result.error}"))
-                self.post.complete_error(request, result)
+            for refused in errors:  # only an accepted request has results
+                if refused.overflows_context:
+                    self.audit.alert(Alert("context_overflow", f"request {request_id}: {refused.error}"))
+                self.output.reject(request, refused.result)
         return request_id
 
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
@@ -155,10 +164,8 @@ class Engine:
     def cancel(self, request_id: str) -> None:
         request = self._request(request_id)
         with self._lock:
-            for q in request.questions.values():
-                if not q.is_finished:
-                    self.scheduler.finish(q, "cancelled", "cancelled")
-                    self.post.complete(q)
+            unfinished = [q for q in request.questions.values() if not q.is_finished]
+            self.output.process([self.scheduler.finish(q, "cancelled") for q in unfinished])
             self._wake_bound()  # a submit() still blocked on these questions returns
 
     def forget(self, request_id: str) -> None:
@@ -166,7 +173,19 @@ class Engine:
         with self._lock:  # re-entrant: cancel() takes it too
             self.cancel(request_id)
             self.requests.pop(request_id, None)
-            self.scheduler.request_parallel.pop(request_id, None)
+            self.scheduler.close_request(request_id)
+
+    def cancel_unfinished(self) -> int:
+        """Cancel every request not done yet; returns how many."""
+        with self._lock:
+            unfinished = [rid for rid, request in self.requests.items() if not request.done.is_set()]
+            for request_id in unfinished:
+                self.cancel(request_id)
+            return len(unfinished)
+
+    def alert_counts(self) -> dict[str, int]:
+        """Audit alerts raised so far, by kind."""
+        return dict(self.audit.alert_counts)
 
     def generate(self, queries: list[Any], timeout: float | None = None, **options: Any) -> list[Result]:
         """submit() then wait(): the one-call form."""
@@ -176,9 +195,7 @@ class Engine:
         """Stop the loop; unfinished questions end as cancelled, so every wait() and stream() returns."""
         with self._lock:
             self._closed = True
-            for request_id, request in list(self.requests.items()):
-                if not request.done.is_set():
-                    self.cancel(request_id)
+            self.cancel_unfinished()
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -194,27 +211,41 @@ class Engine:
         """One forward over every active channel; returns the number of tokens computed."""
         started = time.perf_counter()
         with self._lock:
-            self.post.expire_deadlines()
-            work = self.scheduler.schedule()
-            self._wake_bound()  # admission bound questions that `wait` submitters block on
-            if not work:
-                return 0
-            self.runner.copy_slots(self.scheduler.prefixes.take_copies())
-            meta = pack(work, self.parts.blocks, self.runner.plan, self.runner.device)
-            if self.metadata_hook is not None:  # fault injection in tests
-                self.metadata_hook(meta)
-            if not self.guard.check(meta):
-                return 0
-        logits = LogitRows.split(work, self.runner.run(meta))
-        sampling = [w.question for w in work if w.samples]
-        tokens = sample(logits.sampling, sampling)
+            plan = self.scheduler.schedule()
+            meta = self._pack(plan)  # None: nothing to run, or the audit stopped the forward
+        logits = LogitRows.split(plan.work, self.runner.run(meta)) if meta is not None else None
+        sampled_ids = sample(logits.sampling, plan.sampling) if logits is not None else None
         with self._lock:
-            self.post.apply(work, sampling, tokens, logits)
-            self.scheduler.prefixes.after_step()
+            self.output.process(self.scheduler.update(plan, sampled_ids), logits)
             self._lock.notify_all()
-        prefix_tokens = sum(w.length for w in work if w.question.index < 0)
-        self.stats.record(len(work), meta.num_tokens, len(tokens), (time.perf_counter() - started) * 1000, prefix_tokens)
+        return self._record(plan, meta, sampled_ids, started)
+
+    def _pack(self, plan: StepPlan) -> StepMetadata | None:
+        """Lock held: wake the `wait` submitters whose questions were admitted, apply the plan's slot copies,
+        pack its work into one step's metadata and audit it."""
+        self._wake_bound()
+        self.runner.copy_slots(plan.copies)
+        if not plan.work:
+            return None
+        meta = pack(plan.work, self.parts.blocks, self.runner.plan, self.runner.device)
+        return meta if self.guard.check(meta) else None
+
+    def _record(self, plan: StepPlan, meta: StepMetadata | None, sampled_ids: list[int] | None, started: float) -> int:
+        if meta is None or sampled_ids is None:
+            return 0
+        step_ms = (time.perf_counter() - started) * 1000
+        self.stats.record(len(plan.work), meta.num_tokens, len(sampled_ids), step_ms, plan.num_prefix_tokens)
         return meta.num_tokens
+
+    def subscribe(self, listener: EventListener) -> None:
+        """listener(event) gets every event of every request (deltas and finals), in order, as they are made.
+        It is called with the engine lock held, on the thread that made the event: it must hand off, not block."""
+        with self._lock:
+            self.output.listeners.append(listener)
+
+    def unsubscribe(self, listener: EventListener) -> None:
+        with self._lock:
+            self.output.listeners.remove(listener)
 
     @property
     def is_background(self) -> bool:
@@ -256,9 +287,12 @@ class Engine:
     def load(self) -> EngineLoad:
         """Questions running and waiting, KV blocks in use, loose prefix-cache lookups (for /metrics and logs)."""
         with self._lock:
-            blocks, store = self.parts.blocks, self.scheduler.prefixes.store
-            return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting()), blocks.num_used_blocks,
-                              blocks.num_blocks, store.num_loose_queries, store.num_loose_hits)
+            return self.scheduler.load()
+
+    def has_work(self) -> bool:
+        """Questions running, waiting or finished but not yet reported (background=False: step() until not)."""
+        with self._lock:
+            return self.scheduler.has_work()
 
     def run_until_idle(self) -> None:
         while self.scheduler.has_work():
@@ -269,7 +303,7 @@ class Engine:
         if self._thread is None:
             self.step()  # no loop thread: the blocked caller drives the engine itself
             return
-        waiter = threading.Condition(self._lock)
+        waiter = threading.Condition(self._mutex)
         self._bind_waiters.append((questions, waiter))
         self._lock.notify_all()  # the loop may be asleep: what was placed so far is work for it
         try:
@@ -303,7 +337,7 @@ class Engine:
             except Exception as err:  # a broken step fails its questions, never the engine
                 log.exception("step failed")
                 with self._lock:
-                    self.post.fail_running(f"engine step failed: {err!r}")
+                    self.output.process(self.scheduler.fail_running(f"engine step failed: {err!r}"))
 
     def _request(self, request_id: str) -> Request:
         request = self.requests.get(request_id)

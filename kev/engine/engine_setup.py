@@ -111,4 +111,6 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     prefixes = PrefixJobs(blocks, PrefixStore(blocks))
     gateway = Router(router, MeanEmbedder(model.embed_tokens.weight, tokenizer))
     log.info("router: %s, channel groups %s", router.strategy, [(g.name, len(g.channels), g.slots) for g in gateway.layout.groups])
-    return EngineParts(tokenizer, runner, blocks, pool, Scheduler(limits, blocks, pool, prefixes, gateway), gateway)
+    eos_ids = set(tokenizer.eos_token_ids) | set(model.config.eos_token_ids)
+    scheduler = Scheduler(limits, blocks, pool, prefixes, gateway, eos_ids)
+    return EngineParts(tokenizer, runner, blocks, pool, scheduler, gateway)

@@ -6,7 +6,7 @@ naming the field; it never fails its neighbours.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kev.engine.question import SamplingParams
@@ -20,6 +20,10 @@ CONTENT_KEYS = ("text", "messages", "prompt", "prompt_ids")
 
 class QuestionError(ValueError):
     """One question's own input is wrong; becomes that question's error result."""
+
+
+class ContextOverflowError(QuestionError):
+    """The prompt leaves no room for a new token in core.max_context (the audit's context_overflow alert)."""
 
 
 @dataclass
@@ -77,7 +81,8 @@ def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionS
     original = prompt if prompt is not None else (messages[-1]["content"] if messages else None)
     sampling = validate_sampling(options, defaults.sampling, defaults.max_tokens_cap, where + ".")
     return QuestionSpec(messages, prompt, original, sampling,
-                        validate_timeout(options.get("timeout_ms", defaults.timeout_ms), defaults.timeout_ms_cap, where + "."),
+                        validate_timeout(options.get("timeout_ms", defaults.timeout_ms), defaults.timeout_ms_cap,
+                                         where + "."),
                         _int(options.get("priority", 0), f"{where}.priority", None), prompt_ids,
                         options.get("structured_outputs", defaults.structured_outputs))
 
@@ -101,7 +106,8 @@ def _token_ids(value: Any, where: str) -> list[int]:
 
 
 def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, where: str) -> SamplingParams:
-    """base with the given overrides applied; shared by request- and question-level checks so both give the same messages."""
+    """base with the given overrides applied; shared by request- and question-level checks so both give the same
+    messages."""
     pick = lambda key: values[key] if values.get(key) is not None else getattr(base, key)  # noqa: E731
     max_tokens, temperature, top_p, top_k = pick("max_tokens"), pick("temperature"), pick("top_p"), pick("top_k")
     seed, stop, ignore_eos = pick("seed"), pick("stop"), pick("ignore_eos")
@@ -133,7 +139,8 @@ def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, wh
         raise QuestionError(f"{where}ignore_eos: must be true or false, got {ignore_eos!r}")
     presence = _number(pick("presence_penalty"), f"{where}presence_penalty", -2.0, 2.0)
     frequency = _number(pick("frequency_penalty"), f"{where}frequency_penalty", -2.0, 2.0)
-    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos, logprobs, prompt_logprobs,
+    return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos, logprobs,
+                          prompt_logprobs,
                           _logit_bias(pick("logit_bias"), f"{where}logit_bias"), presence, frequency)
 
 

@@ -7,16 +7,18 @@ from clean metadata on the next step (nothing advanced, so their answers are unc
 """
 from __future__ import annotations
 
-from kev.engine.postprocess import Postprocessor
-from kev.engine.scheduler import Scheduler
-from kev.isolation.audit import Alert, AuditLog, inspect_step
+from collections.abc import Callable
+
+from kev.isolation.audit import AuditLog, inspect_step
 from kev.isolation.block_manager import BlockManager
 from kev.model.step_metadata import StepMetadata
 
+FailChannels = Callable[[list[int], str], bool]  # the scheduler's fail_channels: True when a question was running there
+
 
 class IsolationGuard:
-    def __init__(self, audit: AuditLog, blocks: BlockManager, scheduler: Scheduler, post: Postprocessor) -> None:
-        self.audit, self.blocks, self.scheduler, self.post = audit, blocks, scheduler, post
+    def __init__(self, audit: AuditLog, blocks: BlockManager, fail_channels: FailChannels) -> None:
+        self.audit, self.blocks, self.fail_channels = audit, blocks, fail_channels
         self.num_steps = 0
 
     def check(self, meta: StepMetadata) -> bool:
@@ -30,12 +32,6 @@ class IsolationGuard:
         failed = False
         for alert in alerts:
             self.audit.alert(alert)
-            failed |= alert.is_isolation and self._fail_affected(alert)
+            if alert.is_isolation:
+                failed |= self.fail_channels(alert.channel_ids, f"isolation alert {alert.kind}: {alert.message}")
         return not failed
-
-    def _fail_affected(self, alert: Alert) -> bool:
-        affected = [q for q in self.scheduler.running if q.channel_id in alert.channel_ids]
-        for q in affected:
-            self.scheduler.finish(q, "error", "error", f"isolation alert {alert.kind}: {alert.message}")
-            self.post.complete(q)
-        return bool(affected)

@@ -12,19 +12,13 @@ from typing import Any
 
 import torch
 
-from kev.engine.question import Question
-from kev.engine.scheduler import Work
+from kev.engine.plan import Work
 from kev.model.tokenizer import Tokenizer
-
-
-def scores_prompt(w: Work) -> bool:
-    """A prefill chunk whose every row's logits are wanted (prompt_logprobs)."""
-    return w.question.sampling.prompt_logprobs and w.start < len(w.question.prompt_ids)
 
 
 def logit_rows(w: Work, first_row: int) -> list[int]:
     """The packed rows of w whose logits the model returns, in order; the sampling row is last."""
-    if scores_prompt(w):
+    if w.scores_prompt:
         return list(range(first_row, first_row + w.length))
     return [first_row + w.length - 1] if w.samples else []
 
@@ -43,7 +37,7 @@ class LogitRows:
         row = 0
         for w in work:
             count = len(logit_rows(w, 0))
-            if scores_prompt(w):
+            if w.scores_prompt:
                 chunks.append((w, logits[row: row + count]))
             if w.samples:
                 picks.append(row + count - 1)
@@ -68,7 +62,8 @@ class TokenTexts:
     def bytes(self, token_id: int) -> tuple[int, ...]:
         if token_id not in self._bytes:
             piece = self.tokenizer.id_to_token(token_id)
-            if piece is not None and all(ch in self._byte_of for ch in piece) and not self.tokenizer.is_special(token_id):
+            is_bytes = piece is not None and all(ch in self._byte_of for ch in piece)
+            if piece is not None and is_bytes and not self.tokenizer.is_special(token_id):
                 self._bytes[token_id] = tuple(self._byte_of[ch] for ch in piece)  # byte-level BPE: a character a byte
             else:
                 self._bytes[token_id] = tuple(self.text(token_id).encode("utf-8"))
@@ -86,23 +81,22 @@ def token_logprob(logprobs: torch.Tensor, token_id: int, top: int, texts: TokenT
     return entry
 
 
-def record_sampled(q: Question, row: torch.Tensor, token_id: int, texts: TokenTexts) -> None:
+def sampled_entry(row: torch.Tensor, token_id: int, top: int, texts: TokenTexts) -> dict[str, Any]:
     """The new token's logprob, from its own logits row (raw: before temperature, top-p and grammar)."""
-    if q.sampling.logprobs is not None:
-        q.logprobs.append(token_logprob(torch.log_softmax(row.float(), dim=-1), token_id, q.sampling.logprobs, texts))
+    return token_logprob(torch.log_softmax(row.float(), dim=-1), token_id, top, texts)
 
 
-def record_prompt(w: Work, logits: torch.Tensor, texts: TokenTexts) -> None:
-    """Prompt logprobs of one chunk: row p scores prompt token p + 1; the prompt's first token has logprob None."""
-    q, prompt = w.question, w.question.prompt_ids
-    if w.start == 0:
-        q.prompt_logprobs = [{**_entry(prompt[0], None, texts), "top_logprobs": []}]
-    top = q.sampling.logprobs or 0
-    for offset in range(w.length):
-        position = w.start + offset + 1
+def prompt_entries(prompt: list[int], start: int, logits: torch.Tensor, top: int,
+                   texts: TokenTexts) -> list[dict[str, Any]]:
+    """Prompt logprobs of one chunk at `start`: row p scores prompt token p + 1; the prompt's first token has logprob
+    None (its entry comes with the first chunk)."""
+    entries = [{**_entry(prompt[0], None, texts), "top_logprobs": []}] if start == 0 else []
+    for offset in range(logits.shape[0]):
+        position = start + offset + 1
         if position < len(prompt):
             row = torch.log_softmax(logits[offset].float(), dim=-1)
-            q.prompt_logprobs.append(token_logprob(row, prompt[position], top, texts))
+            entries.append(token_logprob(row, prompt[position], top, texts))
+    return entries
 
 
 def _entry(token_id: int, logprob: float | None, texts: TokenTexts) -> dict[str, Any]:
@@ -112,7 +106,7 @@ def _entry(token_id: int, logprob: float | None, texts: TokenTexts) -> dict[str,
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: every byte as one printable character (what byte-level BPE vocabularies store)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = list(printable), 0
     for b in range(256):
         if b not in printable:

@@ -44,7 +44,7 @@ def place_all(scheduler: Scheduler, questions: list[Question], policy: str,
             _wait_until_bound(scheduler, placed, wait_for_room)
     except (RejectedError, OverflowTimeoutError):
         for q in placed:
-            scheduler.finish(q, "cancelled", "cancelled", "withdrawn: its request was not accepted")
+            scheduler.finish(q, "cancelled", "withdrawn: its request was not accepted")
         raise
 
 
@@ -52,7 +52,8 @@ def _place(scheduler: Scheduler, q: Question, policy: str) -> None:
     if not scheduler.overflow and scheduler.add(q):  # never ahead of questions already waiting
         return
     if policy == "reject":
-        raise RejectedError(f"no channel can take question {q.index} (overflow_policy=reject); {describe_load(scheduler)}")
+        raise RejectedError(f"no channel can take question {q.index} (overflow_policy=reject); "
+                            f"{describe_load(scheduler)}")
     if not scheduler.defer(q, bounded=policy == "queue"):
         raise RejectedError(f"overflow queue full (router.max_queue={scheduler.limits.max_queue}); "
                             f"{describe_load(scheduler)}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kev.engine.logprobs import logit_rows
-from kev.engine.scheduler import Work
+from kev.engine.plan import Work
 from kev.isolation.block_manager import BlockManager
 from kev.model.step_metadata import ChannelSpan, StepMetadata
 
@@ -94,13 +94,13 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
     spans: list[ChannelSpan] = []
     slot_mapping: list[int] = []
     sample_rows: list[int] = []
-    decode = [w for w in work if w.length == 1 and w.start >= len(w.question.prompt_ids)]
+    decode = [w for w in work if w.length == 1 and w.start >= len(w.seq.prompt_ids)]
     decode_ids = {id(w) for w in decode}
     prefill = [w for w in work if id(w) not in decode_ids]
     one_gemm = plan.is_one_gemm
     for group in [decode] + [[w] for w in prefill]:
         for w in group:
-            q, channel, end = w.question, w.question.channel_id, w.start + w.length
+            q, channel, end = w.seq, w.seq.channel_id, w.start + w.length
             assert channel is not None
             q_start = rows.add(q.all_ids[w.start:end], w.start)
             slot_mapping.extend(blocks.slots(channel, w.start, end))

@@ -1,25 +1,47 @@
 """Prefix jobs: compute each declared shared prefix once, then attach it to the channels that need it.
 
-A job is a prefill-only pseudo-question whose KV blocks belong to a PrefixEntry owner
-(a negative owner id), never to a channel. Its chunks are cut exactly as a solo run of
-any of its questions would cut them, so attaching the prefix is bit-identical to
-computing it in the channel.
+A job is prefill-only work whose KV blocks belong to a PrefixEntry owner (a negative owner id),
+never to a channel. Its chunks are cut exactly as a solo run of any of its questions would cut
+them, so attaching the prefix is bit-identical to computing it in the channel.
 """
 from __future__ import annotations
 
-from kev.engine.question import Phase, Question, SamplingParams
+from dataclasses import dataclass
+
+from kev.engine.question import Question
 from kev.isolation.block_manager import BlockManager
 from kev.isolation.prefix_store import PrefixEntry, PrefixStore, prefix_key
 
 SlotCopy = tuple[list[int], list[int]]  # (source slots, destination slots)
 
 
+@dataclass(eq=False)
+class PrefixJob:
+    """The prefill of one shared prefix into its owner's blocks; never samples."""
+
+    entry: PrefixEntry
+    prompt_ids: list[int]
+    num_computed: int = 0
+    prefix_len: int = 0  # a job attaches no prefix of its own: its chunks count from 0
+
+    @property
+    def channel_id(self) -> int:
+        return self.entry.owner_id
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids
+
+    @property
+    def is_done(self) -> bool:
+        return self.num_computed == len(self.prompt_ids)
+
+
 class PrefixJobs:
     def __init__(self, blocks: BlockManager, store: PrefixStore) -> None:
         self.blocks, self.store = blocks, store
-        self.jobs: list[tuple[Question, PrefixEntry]] = []
-        self.pending_copies: list[SlotCopy] = []  # applied by the model runner before the next forward
-        self.num_prefix_tokens_computed = 0
+        self.jobs: list[PrefixJob] = []
+        self._copies: list[SlotCopy] = []  # applied by the model runner before the next forward
 
     def register(self, q: Question) -> None:
         """Called when a question with a declared prefix is queued."""
@@ -29,11 +51,8 @@ class PrefixJobs:
         entry, is_new = self.store.acquire(key, q.prefix_ids, level)
         q.prefix = entry
         if is_new:
-            job = Question(f"prefix:{entry.owner_id}", -1, list(q.prefix_ids), SamplingParams(max_tokens=1),
-                           timeout_ms=2**31, isolation=level)
-            job.channel_id, job.phase = entry.owner_id, Phase.PREFILL
             self.blocks.promise(entry.owner_id, entry.num_tokens)
-            self.jobs.append((job, entry))
+            self.jobs.append(PrefixJob(entry, list(q.prefix_ids)))
 
     def is_ready(self, q: Question) -> bool:
         return q.prefix is None or q.prefix.ready
@@ -50,8 +69,8 @@ class PrefixJobs:
             copy_from = len(shared) * size
         self.blocks.ensure(channel, length)
         if copy_from < length:
-            self.pending_copies.append((self.blocks.slots(entry.owner_id, copy_from, length),
-                                        self.blocks.slots(channel, copy_from, length)))
+            self._copies.append((self.blocks.slots(entry.owner_id, copy_from, length),
+                                 self.blocks.slots(channel, copy_from, length)))
         q.num_computed, q.prefix_len, q.prefix = length, length, None
         self.store.detach(entry)
 
@@ -62,14 +81,14 @@ class PrefixJobs:
             return
         self.store.detach(entry)
         if entry.key not in self.store.entries:  # dropped: its job is moot
-            self.jobs = [(job, e) for job, e in self.jobs if e is not entry]
+            self.jobs = [job for job in self.jobs if job.entry is not entry]
 
-    def after_step(self) -> None:
-        for job, entry in list(self.jobs):
-            if job.num_computed == len(job.prompt_ids):
-                self.store.finish(entry)
-                self.jobs.remove((job, entry))
+    def finish_done(self) -> None:
+        """After a forward: the jobs whose prefix is whole hand it to the store (their questions may attach)."""
+        for job in [job for job in self.jobs if job.is_done]:
+            self.store.finish(job.entry)
+            self.jobs.remove(job)
 
     def take_copies(self) -> list[SlotCopy]:
-        copies, self.pending_copies = self.pending_copies, []
+        copies, self._copies = self._copies, []
         return copies

@@ -1,12 +1,20 @@
-"""Per-question state. A question's whole life (waiting → prefill → decode → finished) lives here."""
+"""What a question is: its ids, sampling, routing, timings and status. Only the scheduler changes its state
+(waiting → prefill → decode → finished); its text, stream offsets and logprobs belong to the output processor."""
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
+from kev.aggregator.result import FinishReason, Status
 from kev.router.features import QuestionFeatures
+
+if TYPE_CHECKING:  # runtime imports would cycle (structured → inputs → question); torch stays out of bookkeeping
+    import torch
+
+    from kev.engine.structured import ChannelGrammar, CompiledGrammar
+    from kev.isolation.prefix_store import PrefixEntry
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,14 @@ class Phase(enum.Enum):
     FINISHED = "finished"
 
 
+ABORTED: frozenset[FinishReason] = frozenset({"timeout", "cancelled", "error"})  # cut short from outside
+
+
+def status_of(reason: FinishReason) -> Status:
+    """A Result's status: "ok" for an answer that ended on its own (stop, length), else the reason itself."""
+    return "ok" if reason in ("stop", "length") else reason  # type: ignore[return-value]  # the three others are statuses
+
+
 @dataclass(eq=False)  # identity: two questions are never "equal"
 class Question:
     request_id: str
@@ -56,40 +72,48 @@ class Question:
     submitted_at: float = field(default_factory=time.time)
     normalized_text: str | None = None
     features: QuestionFeatures | None = None  # what the router routes on
-    arrival: int | None = None  # submission order, set by the scheduler; the tie-break after priority
+    seed: int | None = None  # the sampling generator's seed (drawn at random when none was given)
+    grammar_spec: CompiledGrammar | None = None  # its structured_outputs (a shadow re-run starts its own matcher)
+    shadow: bool = False  # re-run alone after it finishes, to verify isolation
+    shadow_of: Question | None = None  # set on the re-run: the question it verifies
+    # --- set by the scheduler as it runs ---
+    arrival: int | None = None  # submission order; the tie-break after priority
     rerouted: bool = False  # the breaker or a full queue moved it off the strategy's pick
-    # --- filled in as it runs ---
     phase: Phase = Phase.WAITING
     channel_id: int | None = None
     num_computed: int = 0  # tokens whose K/V are in the channel's cache
-    prefix: Any = None  # PrefixEntry until the question has attached it
+    prefix: PrefixEntry | None = None  # its shared prefix until the question has attached it
     prefix_len: int = 0  # tokens of prefix attached; chunking restarts there
     output_ids: list[int] = field(default_factory=list)
-    text: str = ""
     started_at: float | None = None
     started_mono: float | None = None
     finished_at: float | None = None
     finished_mono: float | None = None
     first_token_mono: float | None = None  # when its first output token was sampled (TTFT)
     last_token_mono: float | None = None  # ... and its latest (time per output token)
-    finish_reason: str | None = None
-    status: str = "ok"
+    finish_reason: FinishReason | None = None
     error: str | None = None
-    generator: Any = None  # torch.Generator when sampling with a seed
-    decoder: Any = None  # IncrementalDecoder for text deltas
-    logits: list[Any] = field(default_factory=list)
-    seed: int | None = None  # the generator's seed (drawn at random when none was given)
-    shadow: bool = False  # re-run alone after it finishes, to verify isolation
-    shadow_of: Question | None = None  # set on the re-run: the question it verifies
-    held_result: Any = None  # the verified question's Result, delivered once the shadow finishes
-    grammar_spec: Any = None  # CompiledGrammar of its structured_outputs (a shadow re-run starts its own matcher)
-    grammar: Any = None  # ChannelGrammar: the structured-output state of this question's channel, dropped at finish
-    logprobs: list[Any] = field(default_factory=list)  # one dict per new token (sampling.logprobs set)
-    prompt_logprobs: list[Any] = field(default_factory=list)  # one per prompt token; the first's logprob is None
+    grammar: ChannelGrammar | None = None  # the structured-output state of its channel, dropped at finish
+    generator: torch.Generator | None = None  # made by the sampler from seed on first use
+
+    def __post_init__(self) -> None:
+        if self.grammar_spec is not None and self.grammar is None:
+            self.grammar = self.grammar_spec.start()
+
+    def shadow_copy(self) -> Question:
+        """The same question, to be run alone: same prompt, prefix, sampling, seed and constraint."""
+        return Question(self.request_id, self.index, list(self.prompt_ids), self.sampling, None, self.priority,
+                        self.isolation, self.original_text, list(self.prefix_ids), self.prefix_public,
+                        seed=self.seed, grammar_spec=self.grammar_spec, shadow_of=self)
+
+    @property
+    def status(self) -> Status:
+        return status_of(self.finish_reason) if self.finish_reason is not None else "ok"
 
     @property
     def deadline(self) -> float | None:
-        """time.monotonic() after which the question times out; None while it waits for a channel or without a budget."""
+        """time.monotonic() after which the question times out; None while it waits for a channel or without
+        a budget."""
         if self.started_mono is None or self.timeout_ms is None:
             return None
         return self.started_mono + self.timeout_ms / 1000

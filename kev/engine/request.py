@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,10 @@ class StreamEvent:
     finished: bool = False
     result: Result | None = None  # set on the final event of a question
     logprobs: list[Any] = field(default_factory=list)  # one entry per token in token_ids (when logprobs were asked)
+    request_id: str = ""  # whose question (set on every event of an engine's stream)
+
+
+EventListener = Callable[[StreamEvent], None]
 
 
 @dataclass
@@ -34,15 +38,24 @@ class Request:
     events: queue.Queue[StreamEvent] = field(default_factory=queue.Queue)
     done: threading.Event = field(default_factory=threading.Event)
 
-    def add_result(self, result: Result) -> None:
+    def publish(self, event: StreamEvent, listeners: Sequence[EventListener] = ()) -> None:
+        """Into this request's queue (Engine.stream), then to the engine's listeners (its one event stream)."""
+        self.events.put(event)
+        for listener in listeners:
+            listener(event)
+
+    def add_result(self, result: Result, listeners: Sequence[EventListener] = ()) -> None:
+        """A question's final event; the request is done with its last one."""
         self.results[result.index] = result
-        self.events.put(StreamEvent(result.index, result.channel_id, "", [], True, result))
+        self.publish(StreamEvent(result.index, result.channel_id, "", [], True, result, request_id=self.request_id),
+                     listeners)
         if len(self.results) == self.num_questions:
             self.done.set()
 
     def wait_done(self, timeout: float | None) -> None:
         if not self.done.wait(timeout):
-            raise TimeoutError(f"request {self.request_id}: {len(self.results)}/{self.num_questions} results after {timeout}s")
+            raise TimeoutError(f"request {self.request_id}: {len(self.results)}/{self.num_questions} results "
+                               f"after {timeout}s")
 
     def iter_events(self, timeout: float | None) -> Iterator[StreamEvent]:
         """The request's events until every question's final one."""

@@ -34,6 +34,8 @@ def sample_one(row: torch.Tensor, question: Question) -> int:
         drop = cumulative - torch.softmax(sorted_scores, dim=-1) > params.top_p  # keep the token that crosses top_p
         scores = scores.scatter(0, order[drop], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
+    if question.generator is None:  # one per question, seeded once: its draws never depend on other channels
+        question.generator = torch.Generator().manual_seed(question.seed if question.seed is not None else 0)
     return int(torch.multinomial(probs, 1, generator=question.generator))
 
 

@@ -1,4 +1,9 @@
-"""Scheduler: which channels take part in the next step, and with which tokens.
+"""Scheduler: the one place a question changes state, and which channels take part in the next step.
+
+Each step is two calls: `schedule()` plans it (deadlines, admission, the work and the slot copies
+the packer needs) and `update(plan, sampled_ids)` applies what the forward sampled (new tokens,
+stops, finishes) and returns one QuestionOutput per question that produced something. A finish
+frees the question's channel and blocks, drops its grammar state and queues its shadow re-run.
 
 Questions are bound to a channel when they arrive (the router picks it, an idle one when its
 group has one) and wait in that channel's queue; each step an idle channel starts its queue
@@ -16,23 +21,19 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import count
 
+from kev.aggregator.result import FinishReason
 from kev.engine.channel_pool import ChannelPool, queue_order
+from kev.engine.plan import QuestionOutput, StepPlan, Work
 from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.question import Phase, Question
+from kev.engine.stats import EngineLoad
 from kev.isolation.block_manager import BlockManager
 from kev.router.layout import ChannelGroup
 from kev.router.router import Router
-
-
-@dataclass
-class Work:
-    question: Question
-    start: int  # first position computed this step
-    length: int  # tokens computed this step
-    samples: bool  # does this step produce the question's next token?
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,22 @@ class SchedulerLimits:
 
 class Scheduler:
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, pool: ChannelPool, prefixes: PrefixJobs,
-                 router: Router) -> None:
+                 router: Router, eos_ids: Iterable[int] = ()) -> None:
         self.limits, self.blocks, self.pool, self.prefixes, self.router = limits, blocks, pool, prefixes, router
+        self.eos_ids = frozenset(eos_ids)
         self.running: list[Question] = []
         self.overflow: list[Question] = []  # (-priority, arrival) order; bound to no channel yet
         self.shadows: list[Question] = []  # isolation re-runs: they run alone, when nothing else waits
         self._arrival = count()
-        self.request_parallel: dict[str, int] = {}  # request_id -> its max_parallel cap
+        self._request_parallel: dict[str, int] = {}  # request_id -> its max_parallel cap
+        self._ended: list[QuestionOutput] = []  # finished between updates (deadline, alert): the next update has them
+
+    # --- requests and arrivals ----------------------------------------------------
+    def open_request(self, request_id: str, max_parallel: int) -> None:
+        self._request_parallel[request_id] = max_parallel
+
+    def close_request(self, request_id: str) -> None:
+        self._request_parallel.pop(request_id, None)
 
     def add(self, question: Question) -> bool:
         """Bind the question to a channel queue; False when no channel of its group can take it."""
@@ -90,47 +100,139 @@ class Scheduler:
         """Every question not running yet: in a channel queue or in the overflow FIFO (shadows aside)."""
         return self.pool.queued() + self.overflow
 
-    def has_work(self) -> bool:
-        return bool(self.running or self.overflow or self.pool.num_queued() or self.shadows or self.prefixes.jobs)
+    def load(self) -> EngineLoad:
+        blocks, store = self.blocks, self.prefixes.store
+        return EngineLoad(len(self.running), len(self.waiting()), blocks.num_used_blocks, blocks.num_blocks,
+                          store.num_loose_queries, store.num_loose_hits)
 
-    def schedule(self) -> list[Work]:
+    def has_work(self) -> bool:
+        return bool(self.running or self.overflow or self.pool.num_queued() or self.shadows or self.prefixes.jobs
+                    or self._ended)
+
+    # --- one step -----------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        """Time out what passed its deadline, admit what fits, and plan the step's work."""
+        self._expire_deadlines()
         self._admit()
-        decode = [Work(q, q.num_computed, 1, True) for q in self.running if q.phase is Phase.DECODE]
+        sampling = [q for q in self.running if q.phase is Phase.DECODE]
+        decode = [Work(q, q.num_computed, 1, True) for q in sampling]
         budget = self.limits.max_step_tokens - len(decode)
         prefill: list[Work] = []
-        for q in [job for job, _ in self.prefixes.jobs] + self.running:
-            if q.phase is not Phase.PREFILL:
-                continue
-            chunk, origin = self.limits.prefill_chunk, q.prefix_len  # chunks restart after an attached prefix
-            end = min(origin + ((q.num_computed - origin) // chunk + 1) * chunk, len(q.prompt_ids))
-            length = end - q.num_computed
+        jobs = [job for job in self.prefixes.jobs if not job.is_done]
+        for seq in jobs + [q for q in self.running if q.phase is Phase.PREFILL]:
+            chunk, origin = self.limits.prefill_chunk, seq.prefix_len  # chunks restart after an attached prefix
+            end = min(origin + ((seq.num_computed - origin) // chunk + 1) * chunk, len(seq.prompt_ids))
+            length = end - seq.num_computed
             if length > budget and (decode or prefill):
                 break  # FIFO: a later prompt never overtakes an earlier one
-            prefill.append(Work(q, q.num_computed, length, end == len(q.prompt_ids) and q.index >= 0))
+            if isinstance(seq, Question):
+                samples = end == len(seq.prompt_ids)
+                prefill.append(Work(seq, seq.num_computed, length, samples, seq.sampling.prompt_logprobs))
+                if samples:
+                    sampling.append(seq)
+            else:  # a prefix job never samples
+                prefill.append(Work(seq, seq.num_computed, length, False))
             budget -= length
         work = decode + prefill
         for w in work:
-            self.blocks.ensure(w.question.channel_id, w.start + w.length)  # type: ignore[arg-type]
-        return work
+            assert w.seq.channel_id is not None  # running, or a prefix job (its owner)
+            self.blocks.ensure(w.seq.channel_id, w.start + w.length)
+        return StepPlan(work, self.prefixes.take_copies(), sampling)  # sampling: decode rows first, as packed
 
-    def finish(self, question: Question, reason: str, status: str = "ok", error: str | None = None) -> None:
-        """Stop a question wherever it is; frees its channel (and, in split mode, its blocks)."""
+    def update(self, plan: StepPlan, sampled_ids: list[int] | None) -> list[QuestionOutput]:
+        """Apply the step's forward (None: it did not run, nothing advanced); per question, what it produced."""
+        outputs, self._ended = self._ended, []
+        if sampled_ids is None:
+            return outputs
+        for w in plan.work:
+            w.seq.num_computed = w.start + w.length
+        self.prefixes.finish_done()
+        now = time.monotonic()
+        for row, (q, token) in enumerate(zip(plan.sampling, sampled_ids)):
+            if q.is_finished:  # cancelled or timed out while the forward ran
+                continue
+            q.phase = Phase.DECODE
+            if q.sampling.max_tokens == 0:  # scoring only: the prompt's logprobs are all it wanted
+                outputs.append(self.finish(q, "length"))
+                continue
+            q.output_ids.append(token)
+            q.first_token_mono, q.last_token_mono = q.first_token_mono or now, now
+            reason, error = self._stop_reason(q, token)
+            if reason is not None:
+                self._end(q, reason, error)
+            outputs.append(QuestionOutput(q, [token], reason, row))
+        return outputs
+
+    def _stop_reason(self, q: Question, token: int) -> tuple[FinishReason | None, str | None]:
+        """Stops decided by tokens; stop strings are the output processor's (it has the text)."""
+        if q.grammar is not None:
+            q.grammar.accept(token)
+            if q.grammar.error:  # never expected: the mask allowed only what it accepts
+                return "error", f"structured output failed: {q.grammar.error}"
+        if token in self.eos_ids and not q.sampling.ignore_eos:
+            return "stop", None
+        if q.grammar is not None and q.grammar.is_done:  # the constrained text is whole: nothing may follow
+            return "stop", None
+        if len(q.output_ids) >= q.sampling.max_tokens or q.num_tokens >= self.limits.max_context:
+            return "length", None
+        return None, None
+
+    # --- finishing ----------------------------------------------------------------
+    def finish(self, question: Question, reason: FinishReason, error: str | None = None) -> QuestionOutput:
+        """Stop a question wherever it is (a no-op when it has finished already)."""
+        self._end(question, reason, error)
+        return QuestionOutput(question, [], reason)
+
+    def stop_at_string(self, question: Question) -> None:
+        """The output processor found a stop string in the text: it ends here, as a stop (not length)."""
+        if question.is_finished:
+            if question.finish_reason == "length":
+                question.finish_reason = "stop"
+            return
+        self._end(question, "stop")
+
+    def fail_channels(self, channel_ids: list[int], message: str) -> bool:
+        """An isolation alert: the questions running in these channels end in error; False if none did."""
+        affected = [q for q in self.running if q.channel_id in channel_ids]
+        for q in affected:
+            self._end(q, "error", message)
+            self._ended.append(QuestionOutput(q, [], "error"))
+        return bool(affected)
+
+    def fail_running(self, message: str) -> list[QuestionOutput]:
+        """A step that raised: every running question ends in error."""
+        return [self.finish(q, "error", message) for q in list(self.running)]
+
+    def _expire_deadlines(self) -> None:
+        now = time.monotonic()
+        for q in [q for q in self.running if q.deadline is not None and now > q.deadline]:
+            self._end(q, "timeout", f"timeout_ms passed after {len(q.output_ids)} tokens")
+            self._ended.append(QuestionOutput(q, [], "timeout"))
+
+    def _end(self, question: Question, reason: FinishReason, error: str | None = None) -> None:
+        """Frees its channel (and, in split mode, its blocks) and drops its grammar state; an answer to verify
+        queues its shadow re-run."""
         if question.is_finished:
             return
-        question.phase, question.finish_reason, question.status, question.error = Phase.FINISHED, reason, status, error
+        question.phase, question.finish_reason, question.error = Phase.FINISHED, reason, error
         question.finished_at, question.finished_mono = time.time(), time.monotonic()
+        question.grammar = None  # the channel's grammar state goes with the question that held the channel
         if question in self.running:
             self.running.remove(question)
+            assert question.channel_id is not None
             if not self.limits.reserve_per_channel:
-                self.blocks.release(question.channel_id)  # type: ignore[arg-type]
-            self.pool.release(question.channel_id)  # type: ignore[arg-type]
+                self.blocks.release(question.channel_id)
+            self.pool.release(question.channel_id)
         else:
             if not self.pool.remove(question):
                 for held in (self.overflow, self.shadows):
                     if question in held:
                         held.remove(question)
             self.prefixes.forget(question)
+        if question.shadow and question.status == "ok":
+            self.add(question.shadow_copy())
 
+    # --- admission ----------------------------------------------------------------
     def _admit(self) -> None:
         if any(q.shadow_of is not None for q in self.running):
             return  # a shadow re-run is alone in the engine
@@ -144,7 +246,7 @@ class Scheduler:
         for q in sorted(self.pool.ready(), key=queue_order):
             if len(self.running) >= self.limits.max_parallel:
                 break
-            group, cap = self._group(q), self.request_parallel.get(q.request_id, self.limits.max_parallel)
+            group, cap = self._group(q), self._request_parallel.get(q.request_id, self.limits.max_parallel)
             if per_group[group.name] >= group.slots or per_request[q.request_id] >= cap:
                 continue
             if not self.prefixes.is_ready(q) or not self._fits(q):
@@ -159,17 +261,21 @@ class Scheduler:
         if not any(self.pool.is_idle(c.channel_id) for c in self.pool.channels):
             return
         for q in sorted(self.pool.queued(), key=queue_order):
-            channel = self.pool.channels[q.channel_id]  # type: ignore[index]
+            assert q.channel_id is not None and q.features is not None
+            channel = self.pool.channels[q.channel_id]
             if channel.question is None and channel.queue[0] is q:
                 continue  # it starts where it is
             if any(self.pool.is_idle(c) for c in self._group(q).channels):  # the strategy picks which one
-                self.pool.move(q, self.router.route(q.features, self.pool).channel_id)  # type: ignore[arg-type,union-attr]
+                placement = self.router.route(q.features, self.pool)
+                assert placement is not None  # an idle channel of its group can take it
+                self.pool.move(q, placement.channel_id)
                 q.rerouted = True
 
     def _start(self, q: Question) -> None:
         self.pool.start(q)
+        assert q.channel_id is not None
         if not self.limits.reserve_per_channel:
-            self.blocks.promise(q.channel_id, self._max_tokens(q))  # type: ignore[arg-type]
+            self.blocks.promise(q.channel_id, self._max_tokens(q))
         if q.prefix is not None:
             self.prefixes.attach(q)
         q.phase, q.started_at, q.started_mono = Phase.PREFILL, time.time(), time.monotonic()
@@ -178,13 +284,15 @@ class Scheduler:
     def _start_shadow(self) -> None:
         """The engine is idle: the oldest shadow re-run takes its original's channel, alone."""
         q = self.shadows[0]
+        assert q.shadow_of is not None
         if self.prefixes.is_ready(q) and self._fits(q):
             self.shadows.pop(0)
-            self.pool.enqueue(q.shadow_of.channel_id or 0, q)  # type: ignore[union-attr]
+            self.pool.enqueue(q.shadow_of.channel_id or 0, q)
             self._start(q)
 
     def _group(self, q: Question) -> ChannelGroup:
-        return self.router.layout.group_of(q.channel_id)  # type: ignore[arg-type]
+        assert q.channel_id is not None
+        return self.router.layout.group_of(q.channel_id)
 
     def _drain_overflow(self) -> None:
         """Route the overflow FIFO into channels with room, in order (a full group keeps its place)."""
@@ -194,7 +302,8 @@ class Scheduler:
         return min(len(q.prompt_ids) + q.sampling.max_tokens, self.limits.max_context)
 
     def _fits(self, q: Question) -> bool:
-        if self.limits.reserve_per_channel or self.blocks.can_promise(self._max_tokens(q)):
+        need = self._max_tokens(q)
+        if self.limits.reserve_per_channel or self.blocks.can_promise(need):
             return True
         # Idle cached prefixes (loose) give way to live questions.
-        return self.prefixes.store.evict(self.blocks.blocks_for(self._max_tokens(q))) and self.blocks.can_promise(self._max_tokens(q))
+        return self.prefixes.store.evict(self.blocks.blocks_for(need)) and self.blocks.can_promise(need)

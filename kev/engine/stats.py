@@ -23,7 +23,8 @@ class EngineStats:
     num_prefix_tokens_computed: int = 0  # shared-prefix prefill (≈0 for a repeated prefix under loose)
     recent: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=4096))
 
-    def record(self, num_channels: int, num_tokens: int, num_sampled: int, step_ms: float, prefix_tokens: int = 0) -> None:
+    def record(self, num_channels: int, num_tokens: int, num_sampled: int, step_ms: float,
+               prefix_tokens: int = 0) -> None:
         self.num_steps += 1
         self.num_prefix_tokens_computed += prefix_tokens
         self.num_tokens_computed += num_tokens

@@ -31,7 +31,7 @@ from kev.model.tokenizer import Tokenizer
 GRAMMAR_COMPILE_SECONDS = 10.0  # wall-clock limit to check and compile one constraint
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 # llguidance's own work limits (its fuel units; see LLParserLimits) bound a hostile schema before the clock does.
-_LIMITS = {"initial_lexer_fuel": 2_000_000, "max_grammar_size": 500_000, "step_lexer_fuel": 400_000}
+_LIMITS: dict[str, Any] = {"initial_lexer_fuel": 2_000_000, "max_grammar_size": 500_000, "step_lexer_fuel": 400_000}
 
 
 class GrammarCompiler:
@@ -60,14 +60,16 @@ class GrammarCompiler:
         try:
             problem = future.result(timeout=self.compile_seconds)
         except FutureTimeout:  # the worker thread finishes on its own (llguidance's fuel limits bound it)
-            raise QuestionError(f"{where}: compiling the constraint took longer than {self.compile_seconds:g} s") from None
+            raise QuestionError(f"{where}: compiling the constraint took longer than {self.compile_seconds:g} s") \
+                from None
         if problem:
             raise QuestionError(f"{where}: {problem.strip().splitlines()[0]}")
         return CompiledGrammar(self, grammar)
 
     def start(self, grammar: str) -> ChannelGrammar:
         """A fresh matcher at the grammar's start: one per question, so per channel."""
-        return ChannelGrammar(llguidance.LLMatcher(self.lltokenizer, grammar, limits=llguidance.LLParserLimits(**_LIMITS)),
+        limits = llguidance.LLParserLimits(**_LIMITS)
+        return ChannelGrammar(llguidance.LLMatcher(self.lltokenizer, grammar, limits=limits),
                               self.vocab_size, self.eos_token_ids)
 
     def _check(self, grammar: str) -> str:
@@ -112,7 +114,7 @@ def grammar_of(spec: Any, where: str) -> str:
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise QuestionError(f"{where}.choice: must be a non-empty list of non-empty strings")
-        return llguidance.grammar_from("choice", value)  # type: ignore[arg-type]
+        return llguidance.grammar_from("choice", value)  # type: ignore[arg-type]  # its stub says str; a list works
     if not isinstance(value, str) or not value:
         raise QuestionError(f"{where}.{kind}: must be a non-empty string")
     try:

@@ -6,13 +6,11 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
-from kev.engine.inputs import (QuestionError, QuestionSpec, RequestDefaults, parse_question, validate_sampling,
-                               validate_timeout)
+from kev.engine.inputs import (ContextOverflowError, QuestionError, QuestionSpec, RequestDefaults, parse_question,
+                               validate_sampling, validate_timeout)
 from kev.engine.question import Question, SamplingParams
 from kev.engine.structured import CompiledGrammar, GrammarCompiler
 from kev.errors import InvalidRequestError
@@ -35,20 +33,23 @@ class SubmitOptions:
         if level not in ISOLATION_ORDER:
             raise InvalidRequestError(f"isolation: unknown level {level!r} (strict, shared, loose)")
         if ISOLATION_ORDER[level] > ISOLATION_ORDER[config.isolation.level]:
-            raise InvalidRequestError(f"isolation: {level!r} is looser than the configured cap isolation.level={config.isolation.level!r}")
+            raise InvalidRequestError(f"isolation: {level!r} is looser than the configured cap "
+                                      f"isolation.level={config.isolation.level!r}")
         cap = config.router.max_parallel_queries
-        if max_parallel is not None and (isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1):
+        is_count = isinstance(max_parallel, int) and not isinstance(max_parallel, bool)
+        if max_parallel is not None and (not is_count or max_parallel < 1):
             raise InvalidRequestError(f"max_parallel: must be a positive integer, got {max_parallel!r}")
         base = SamplingParams(max_tokens=config.router.default_max_tokens)
         try:
             params = validate_sampling(sampling, base, config.router.max_tokens_cap, "")
-            timeout = validate_timeout(config.aggregator.timeout_ms if timeout_ms is None else timeout_ms,
+            timeout = validate_timeout(config.router.default_timeout_ms if timeout_ms is None else timeout_ms,
                                        config.router.timeout_ms_cap, "")
         except QuestionError as err:
             raise InvalidRequestError(str(err)) from None
         if system is not None and not isinstance(system, str):
             raise InvalidRequestError(f"system: must be a string, got {type(system).__name__}")
-        defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout, system or config.isolation.system_prompt,
+        defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout,
+                                   system or config.isolation.system_prompt,
                                    system_is_public=system is None and config.isolation.system_prompt is not None,
                                    timeout_ms_cap=config.router.timeout_ms_cap,
                                    structured_outputs=sampling.get("structured_outputs"))
@@ -68,12 +69,24 @@ class ReadQuestion:
     grammar: CompiledGrammar | None = None
 
 
+@dataclass
+class RefusedQuestion:
+    """A question whose own input is wrong: its error result, and the error it raised."""
+
+    result: Result
+    error: QuestionError
+
+    @property
+    def overflows_context(self) -> bool:
+        return isinstance(self.error, ContextOverflowError)
+
+
 def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
                    config: KevConfig, vocab_size: int, router: Router,
-                   grammars: GrammarCompiler | None = None) -> tuple[list[ReadQuestion], list[Result]]:
+                   grammars: GrammarCompiler | None = None) -> tuple[list[ReadQuestion], list[RefusedQuestion]]:
     """The per-question checks every submit path makes (engine, router): a bad question becomes its error result."""
     read: list[ReadQuestion] = []
-    errors: list[Result] = []
+    errors: list[RefusedQuestion] = []
     for index, raw in enumerate(queries):
         try:
             spec = parse_question(raw, index, options.defaults)
@@ -82,9 +95,10 @@ def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, 
             grammar = _compile(spec, grammars, index)
             _check_bias(spec, index, vocab_size)
         except QuestionError as err:
-            errors.append(Result(request_id, index, status="error", finish_reason="error", error=str(err),
-                                 isolation=options.isolation, original_text=raw if isinstance(raw, str) else None,
-                                 strategy=router.strategy_name))
+            result = Result(request_id, index, status="error", finish_reason="error", error=str(err),
+                            isolation=options.isolation, original_text=raw if isinstance(raw, str) else None,
+                            strategy=router.strategy_name)
+            errors.append(RefusedQuestion(result, err))
             continue
         text = (spec.original_text or "") if normalized is None else normalized
         read.append(ReadQuestion(index, raw, spec, prompt_ids, normalized, router.describe(text, len(prompt_ids)),
@@ -107,11 +121,11 @@ def _compile(spec: QuestionSpec, grammars: GrammarCompiler | None, index: int) -
 
 def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
                     config: KevConfig, vocab_size: int, router: Router,
-                    grammars: GrammarCompiler | None = None) -> tuple[list[Question], list[Result]]:
+                    grammars: GrammarCompiler | None = None) -> tuple[list[Question], list[RefusedQuestion]]:
     read, errors = read_questions(queries, request_id, options, tokenizer, config, vocab_size, router, grammars)
     questions: list[Question] = []
     for r in read:
-        q = _question(r.spec, r.prompt_ids, request_id, r.index, options.isolation, tokenizer)
+        q = _question(r.spec, r.prompt_ids, request_id, r.index, options.isolation)
         q.shadow = random.random() < config.isolation.shadow_rate
         if r.grammar is not None:
             q.grammar_spec, q.grammar = r.grammar, r.grammar.start()
@@ -141,7 +155,8 @@ def _prefix_ids(tokenizer: Tokenizer, system: str, prompt_ids: list[int]) -> lis
     return ids if 0 < len(ids) < len(prompt_ids) and prompt_ids[: len(ids)] == ids else []
 
 
-def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int, vocab_size: int) -> list[int]:
+def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_context: int,
+                      vocab_size: int) -> list[int]:
     if spec.prompt_ids is not None:
         ids = spec.prompt_ids
         outside = next((i for i, t in enumerate(ids) if t >= vocab_size), None)
@@ -155,29 +170,14 @@ def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_
     else:
         ids = tokenizer.encode("\n".join(m["content"] for m in spec.messages or []))
     if len(ids) >= max_context:
-        raise QuestionError(f"queries[{index}]: prompt has {len(ids)} tokens; core.max_context is {max_context} "
+        raise ContextOverflowError(f"queries[{index}]: prompt has {len(ids)} tokens; core.max_context is {max_context} "
                             "(the prompt and at least one new token must fit)")
     return ids
 
 
-def shadow_copy(q: Question, tokenizer: Tokenizer) -> Question:
-    """The same question, to be run alone: same prompt, prefix, sampling and seed."""
-    copy = Question(q.request_id, q.index, list(q.prompt_ids), q.sampling, 2**31, q.priority, q.isolation,
-                    q.original_text, list(q.prefix_ids), q.prefix_public, shadow_of=q, seed=q.seed)
-    if q.seed is not None:
-        copy.generator = torch.Generator().manual_seed(q.seed)
-    copy.decoder = tokenizer.incremental_decoder()
-    if q.grammar_spec is not None:
-        copy.grammar_spec, copy.grammar = q.grammar_spec, q.grammar_spec.start()
-    return copy
-
-
-def _question(spec: QuestionSpec, prompt_ids: list[int], request_id: str, index: int, isolation: str,
-              tokenizer: Tokenizer) -> Question:
-    q = Question(request_id, index, prompt_ids, spec.sampling, spec.timeout_ms,
-                 spec.priority, isolation, spec.original_text)
+def _question(spec: QuestionSpec, prompt_ids: list[int], request_id: str, index: int, isolation: str) -> Question:
+    seed = None
     if not spec.sampling.is_greedy:
-        q.seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
-        q.generator = torch.Generator().manual_seed(q.seed)
-    q.decoder = tokenizer.incremental_decoder()
-    return q
+        seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
+    return Question(request_id, index, prompt_ids, spec.sampling, spec.timeout_ms, spec.priority, isolation,
+                    spec.original_text, seed=seed)

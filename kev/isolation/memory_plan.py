@@ -140,10 +140,10 @@ def make_plan(p: PlanInputs) -> MemoryPlan:
     pool_blocks = kv_pool_blocks(p.kv_cache, p.max_context, p.block_size, p.channels, p.pool_size, p.kv_cache_tokens)
     pool = pool_blocks * p.block_size * per_token
     activations = activation_bytes(p)
-    headroom = None
+    headroom, room = None, None
     if p.device_memory is not None:
         headroom = activations + max(int(p.device_memory * HEADROOM_FRACTION), HEADROOM_MIN_BYTES)
-    room = None if headroom is None or weights is None else p.device_memory - weights - headroom  # type: ignore[operator]
+        room = None if weights is None else p.device_memory - weights - headroom
     levels = level_costs(p, per_token, room)
     strict = levels[0]
     return MemoryPlan(

@@ -111,7 +111,7 @@ def stress_level(factory: EngineFactory, base: KevConfig, level: str, options: S
     report = LevelReport(level)
     # strict: half the questions carry a system prompt (copied per channel); shared/loose: all share it.
     declared = config.isolation.system_prompt if level == "loose" else None
-    systems = [None, options.system] if level == "strict" else [declared or options.system]
+    systems: list[str | None] = [None, options.system] if level == "strict" else [declared or options.system]
     with factory(config) as engine:
         questions = make_questions(engine.tokenizer, options.num_questions, config.core.max_context, rng, systems)
         report.questions = len(questions)
@@ -174,7 +174,8 @@ class Soak:
                 request_id = self.engine.submit([{"text": q.text, "max_tokens": m} for q, m in group],
                                                 isolation=self.level, system=self.submit_system(system),
                                                 timeout_ms=timeout_ms)
-            except (RejectedError, OverflowTimeoutError):  # the pool stayed full till the drain: nothing was left behind
+            # the pool stayed full till the drain: nothing was left behind
+            except (RejectedError, OverflowTimeoutError):
                 continue
             submitted.append((request_id, group))
             self.report.submitted += len(group)

@@ -135,7 +135,7 @@ def run_verify(engine: Engine, options: VerifyOptions,
     questions = list(dict.fromkeys(options.questions))  # one reference per distinct question
     references = [*questions, canary_question]
     total, tick = len(references) + options.trials, on_progress or (lambda label, done, total: None)
-    solo = {}
+    solo: dict[str, Result] = {}
     for q in references:
         tick(f"solo reference {len(solo) + 1}/{len(references)}", len(solo), total)
         solo[q] = run_mix(engine, [MixItem(q, options.max_tokens)], rng, options)[0]
@@ -172,7 +172,7 @@ def run_mix(engine: Engine, items: list[MixItem], rng: random.Random, options: V
     cut = rng.randint(1, len(items))
     queries = [{"text": item.text, "max_tokens": item.max_tokens} for item in items]
     # Prompt logprobs keep a question off the shared prefix, so only strict (which copies it anyway) asks for them.
-    submit = dict(isolation=options.level, system=options.system, timeout_ms=TIMEOUT_MS, logprobs=TOP_LOGPROBS,
+    submit: dict[str, Any] = dict(isolation=options.level, system=options.system, timeout_ms=TIMEOUT_MS, logprobs=TOP_LOGPROBS,
                   prompt_logprobs=options.level == "strict")
     first = engine.submit(queries[:cut], **submit)
     for _ in range(rng.randint(0, options.max_late_steps) if cut < len(items) else 0):

@@ -92,10 +92,10 @@ class QuestionObject(_Sampling):
                   {"required": ["prompt_ids"]}]})
 
     # Not nullable: a key that is present must hold content (the schema's oneOf counts keys).
-    text: Text = Field(None, description="a user message, rendered with the chat template")  # type: ignore[assignment]
-    messages: list[ChatMessage] = Field(None, min_length=1)  # type: ignore[assignment]
-    prompt: Text = Field(None, description="raw prompt, no chat template")  # type: ignore[assignment]
-    prompt_ids: list[Annotated[int, Field(ge=0)]] = Field(None, min_length=1, description="the prompt as token ids")  # type: ignore[assignment]
+    text: Text = Field(None, description="a user message, rendered with the chat template")  # type: ignore[assignment]  # absent, never null
+    messages: list[ChatMessage] = Field(None, min_length=1)  # type: ignore[arg-type]  # absent, never null
+    prompt: Text = Field(None, description="raw prompt, no chat template")  # type: ignore[assignment]  # absent, never null
+    prompt_ids: list[Annotated[int, Field(ge=0)]] = Field(None, min_length=1, description="the prompt as token ids")  # type: ignore[arg-type]  # absent, never null
     priority: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
 
     @model_validator(mode="after")

@@ -84,9 +84,9 @@ def _document_served_model(app: FastAPI, model_name: str) -> None:
             schemas = generate()["components"]["schemas"]
             for body in ("ChatCompletionBody", "CompletionBody"):
                 schemas[body]["properties"]["model"]["enum"] = [model_name]
-        return app.openapi_schema  # type: ignore[return-value]
+        return app.openapi_schema  # type: ignore[return-value]  # generate() above has filled it
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to adjust the schema
 
 
 def _load(service: KevService, factory: EngineFactory | None, loop: asyncio.AbstractEventLoop,

@@ -11,14 +11,18 @@ from typing import Any, Protocol
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
-from kev.engine.stats import EngineLoad, EngineStats
+from kev.engine.api import StepCounters
+from kev.engine.stats import EngineLoad
 from kev.model.tokenizer import Tokenizer
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
 
 class Backend(Protocol):
-    tokenizer: Tokenizer  # the served model's (the tokenizer routes, token-id prompts)
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The served model's (the tokenizer routes, token-id prompts)."""
+        ...
 
     @property
     def unavailable(self) -> str | None:
@@ -55,7 +59,7 @@ class Backend(Protocol):
         """Every channel's state, and the number of questions waiting for one."""
         ...
 
-    async def stats(self) -> EngineStats:
+    async def stats(self) -> StepCounters:
         """Step counters and the most recent steps (a cluster's steps happen on its workers: counters only)."""
         ...
 
@@ -90,7 +94,7 @@ def build_backend(config: KevConfig, metrics: ServerMetrics, engine_factory: Any
     if config.deploy.mode == "multi_gpu" and engine_factory is None:
         from kev.distributed.replicas import ReplicaEngine
 
-        return EngineBridge(ReplicaEngine(config), metrics, max_threads)  # type: ignore[arg-type]
+        return EngineBridge(ReplicaEngine(config), metrics, max_threads)
     if engine_factory is None:
         from kev.engine.engine import Engine
 

@@ -1,25 +1,25 @@
 """EngineBridge: the Backend of single and multi_gpu mode: an engine in this process, seen from the event loop.
 
-Blocking engine calls run in a thread pool. Each submitted request gets one watcher thread
-that drains its engine stream until every question has finished: it counts results in the
-metrics and, when a caller listens, hands each event to the loop. A watcher always ends,
-because every question finishes (answer, timeout or cancel), which is why shutdown cancels
-what is still running.
+Blocking engine calls run in a thread pool. The bridge subscribes once to the engine's event
+stream and routes each event to its request's Watch: a final event counts its result in the
+metrics; a delta goes to the loop only when a caller streams (no per-token wake-ups otherwise).
+A watch always ends, because every question finishes (answer, timeout or cancel), which is why
+shutdown cancels what is still running.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kev.aggregator.result import Result
-from kev.engine.engine import Engine
+from kev.engine.api import EngineAPI, StepCounters
+from kev.engine.events import EventRouter
 from kev.engine.request import StreamEvent
-from kev.engine.stats import EngineLoad, EngineStats
+from kev.engine.stats import EngineLoad
 from kev.model.tokenizer import Tokenizer
 from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
@@ -32,9 +32,11 @@ class EngineBridge:
     unavailable: str | None = None  # a local engine, once loaded, always takes work
     degraded: str | None = None  # and needs nothing else
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics, max_threads: int) -> None:
+    def __init__(self, engine: EngineAPI, metrics: ServerMetrics, max_threads: int) -> None:
         self.engine, self.metrics = engine, metrics
         self.pool = ThreadPoolExecutor(max_threads, thread_name_prefix="kev-http")
+        self.events = EventRouter()
+        engine.subscribe(self.events)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -49,7 +51,8 @@ class EngineBridge:
 
     async def submit(self, queries: list[Any], options: dict[str, Any]) -> str:
         """engine.submit off the loop; if our caller goes away meanwhile, the request is forgotten, not orphaned."""
-        future = asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(self.engine.submit, queries, **options))
+        call = functools.partial(self.engine.submit, queries, **options)
+        future = asyncio.get_running_loop().run_in_executor(self.pool, call)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -68,7 +71,11 @@ class EngineBridge:
 
     def forget(self, request_id: str) -> None:
         """Cancel what is left and drop the request; never awaits (usable from a `finally` of a cancelled task)."""
-        self.run_soon(self.engine.forget, request_id)
+        self.run_soon(self._forget, request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self.engine.forget(request_id)  # its cancelled finals reach the watch first
+        self.events.drop(request_id)
 
     def run_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Fire and forget."""
@@ -78,7 +85,7 @@ class EngineBridge:
         """Every channel's state, and the number of questions waiting for one."""
         return await self.run(self.engine.channel_states), await self.run(self.engine.queue_length)
 
-    async def stats(self) -> EngineStats:
+    async def stats(self) -> StepCounters:
         return self.engine.stats
 
     def describe(self) -> dict[str, Any]:
@@ -89,43 +96,29 @@ class EngineBridge:
 
     async def refresh_metrics(self) -> None:
         states, queue_length = await self.channels()
-        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, dict(self.engine.audit.alert_counts),
+        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, self.engine.alert_counts(),
                              await self.load())
 
     def watch(self, request_id: str, num_questions: int, listen: bool) -> Watch:
-        loop = asyncio.get_running_loop()
-        watch = Watch(request_id, num_questions, loop, events=asyncio.Queue() if listen else None)
-        # A daemon thread, not a pool worker: a watcher lives as long as its request.
-        threading.Thread(target=self._drain, args=(watch,), name=f"kev-watch-{request_id}", daemon=True).start()
+        watch = Watch(request_id, num_questions, asyncio.get_running_loop(), events=asyncio.Queue() if listen else None)
+        finished = [0]
+
+        def on_event(event: StreamEvent) -> None:  # on the engine's thread, its lock held: hand off only
+            if event.result is None:
+                if watch.events is not None:
+                    watch.post(event)
+                return
+            self.metrics.observe_result(event.result)
+            watch.post(event)  # its status counts, streamed or not
+            finished[0] += 1
+            if finished[0] == num_questions:
+                watch.post(None)
+
+        self.events.route(request_id, on_event)
         return watch
 
-    def _drain(self, watch: Watch) -> None:
-        try:
-            if watch.events is None:
-                self._await_done(watch)
-                return
-            for event in self.engine.stream(watch.request_id):
-                if event.result is not None:
-                    self.metrics.observe_result(event.result)
-                watch.post(event)
-        except Exception:
-            log.exception("watcher of request %s failed", watch.request_id)
-        finally:
-            watch.post(None)
-
-    def _await_done(self, watch: Watch) -> None:
-        """Nobody listens: wake once, when the request is done, not once per token. Per-token wake-ups of
-        many watcher threads take the GIL from the step loop (`kev batch` measured ~25% fewer tokens/s)."""
-        request = self.engine.requests.get(watch.request_id)
-        if request is None:
-            return
-        request.done.wait()
-        for result in list(request.results.values()):
-            self.metrics.observe_result(result)
-            watch.post(StreamEvent(result.index, result.channel_id, "", [], True, result))  # its status counts
-
     async def cancel_unfinished(self) -> int:
-        return await self.run(_cancel_all, self.engine)
+        return await self.run(self.engine.cancel_unfinished)
 
     async def shutdown(self) -> int:
         """Cancel whatever still runs (including requests whose caller left), close the engine; returns how many."""
@@ -133,13 +126,6 @@ class EngineBridge:
         await self.run(self.engine.close)
         self.pool.shutdown(wait=False, cancel_futures=True)
         return unfinished
-
-
-def _cancel_all(engine: Engine) -> int:
-    unfinished = [rid for rid, request in list(engine.requests.items()) if not request.done.is_set()]
-    for request_id in unfinished:
-        engine.cancel(request_id)
-    return len(unfinished)
 
 
 def _logged(fn: Callable[..., Any], *args: Any) -> None:

@@ -126,8 +126,8 @@ class ServerMetrics:
         self.kv_free.set(load.kv_blocks_total - load.kv_blocks_used)
         self.kv_total.set(load.kv_blocks_total)
         counts = {"idle": 0, "prefill": 0, "decode": 0}
-        for state in channel_states:
-            counts[state["state"]] = counts.get(state["state"], 0) + 1
+        for channel in channel_states:
+            counts[channel["state"]] = counts.get(channel["state"], 0) + 1
         for state, count in counts.items():
             self.channels.labels(state).set(count)
 

@@ -125,4 +125,4 @@ def best_of(results: list[Result], candidates: int, keep: int) -> list[Result]:
 def finish_reason(result: Result) -> Literal["stop", "length", "timeout", "cancelled"]:
     """OpenAI knows stop and length; an answer a deadline or a cancel cut short says so (non-standard values)."""
     reason = result.finish_reason
-    return reason if reason in ("stop", "length", "timeout", "cancelled") else "stop"  # type: ignore[return-value]
+    return reason if reason in ("stop", "length", "timeout", "cancelled") else "stop"

@@ -182,8 +182,8 @@ class CompletionBody(_Sampling):
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: its text or its token ids."""
         if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
-            return [self.prompt]  # type: ignore[list-item]
-        return list(self.prompt)  # type: ignore[arg-type]
+            return [self.prompt]
+        return list(self.prompt)  # type: ignore[arg-type]  # the branch above took str and list[int]
 
     @property
     def is_single(self) -> bool:
@@ -230,14 +230,19 @@ class ChatChoice(BaseModel):
     logprobs: dict[str, Any] | None = Field(None, description="{content: [{token, logprob, bytes, top_logprobs}]}")
 
 
-class ChatCompletion(BaseModel):
+class _Reply(BaseModel):
+    """What a chat completion and a text completion share."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     system_fingerprint: str | None = None
-    choices: list[ChatChoice]
     usage: Usage
+
+
+class ChatCompletion(_Reply):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
 
 
 class CompletionChoice(BaseModel):
@@ -247,14 +252,9 @@ class CompletionChoice(BaseModel):
     logprobs: dict[str, Any] | None = Field(None, description="{tokens, token_logprobs, top_logprobs, text_offset}")
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(_Reply):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
-    usage: Usage
 
 
 class ModelCard(BaseModel):

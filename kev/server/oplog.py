@@ -40,6 +40,9 @@ def log_access(request_id: str, api: str, statuses: Counter[str], started: float
                            "statuses": dict(statuses), "latency_ms": round(latency_ms, 1)})
 
 
+LOADING_POLL_S = 0.02
+
+
 @dataclass
 class Throughput:
     """Tokens since the last stats line: prefill tokens (computed minus sampled) and generated tokens."""
@@ -66,7 +69,9 @@ async def report_stats(backend_now: Callable[[], Backend | None], interval_s: fl
             stats, load = await backend.stats(), await backend.load()
         except Exception as err:  # a backend going away (shutdown) ends nothing but this line
             log.debug("stats line skipped: %r", err)
-            await asyncio.sleep(interval_s)
+            # Still loading: look again soon, so the first counts are read before the first request can finish
+            # (a baseline read after it would hide its tokens from every line).
+            await asyncio.sleep(min(interval_s, LOADING_POLL_S) if last is None else interval_s)
             continue
         now = time.monotonic()
         if last is None:

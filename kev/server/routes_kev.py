@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -85,6 +86,7 @@ async def cancel(request_id: str, service: KevService = Depends(get_service)) ->
 async def _status(service: KevService, tracked: Tracked) -> RequestStatus:
     results = await service.results(tracked.request_id)
     total = tracked.watch.num_questions
-    state = "cancelled" if tracked.cancelled else "done" if len(results) == total else "running"
+    state: Literal["cancelled", "done", "running"] = (
+        "cancelled" if tracked.cancelled else "done" if len(results) == total else "running")
     return RequestStatus(request_id=tracked.request_id, status=state, num_questions=total, num_finished=len(results),
-                         results=[r.to_dict() for r in results])  # type: ignore[misc]
+                         results=[r.to_dict() for r in results])

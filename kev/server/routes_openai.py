@@ -137,9 +137,9 @@ async def _chunks(service: KevService, tracked: Tracked, reply: Reply, num_choic
                 if event.result.status == "error":
                     yield sse(error_body(500, f"the engine failed: {event.result.error}", None))
                     continue
-            chunk = reply.event_chunk(event)
-            if chunk is not None:
-                yield sse(chunk)
+            delta = reply.event_chunk(event)
+            if delta is not None:
+                yield sse(delta)
         if include_usage:
             yield sse(reply.chunk([], reply.usage(results)))
         yield sse("[DONE]")

@@ -116,7 +116,7 @@ class KevService:
             raise ApiError.from_message(422, str(err)) from None
         except RejectedError as err:
             self.metrics.rejects.labels(f"overflow_{self.config.router.overflow_policy}").inc()
-            retry = str(getattr(err, "retry_after_s", None) or self.config.server.retry_after_s)
+            retry = str(err.retry_after_s or self.config.server.retry_after_s)
             raise ApiError(429, str(err) or "channel pool is full", None, headers={"Retry-After": retry}) from None
         except TimeoutError as err:  # overflow_policy: wait, and no channel freed up in time
             self.metrics.rejects.labels("wait_timeout").inc()

@@ -28,7 +28,7 @@ def timeout_response(message: str, field: str) -> bytes:
 class GuardedH11Protocol(H11Protocol):
     header_timeout_s = 10.0  # set by guarded_h11()
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # h11 narrows it too
         super().connection_made(transport)
         self._header_timer: asyncio.TimerHandle | None = None
         self._arm()

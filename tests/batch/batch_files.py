@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
 TOPICS = ("the sea", "a cat", "mountains", "rain", "coffee", "trains", "the moon", "a garden", "music", "winter")
 # Generous deadlines: CI machines are slow and shared; timeouts have their own tests.
-CONFIG = {"aggregator": {"timeout_ms": 600_000}}
+CONFIG = {"router": {"default_timeout_ms": 600_000}}
 
 
 def job_lines(count: int, max_tokens: Any = lambda i: 4 + i % 5) -> list[dict[str, Any]]:

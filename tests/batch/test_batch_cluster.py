@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from kev.distributed.nats_server import free_port
-from tests.batch.batch_files import (CONFIG, REPO, answers, batch_command, config_file, env, job_lines, read_output,
+from tests.batch.batch_files import (REPO, answers, batch_command, config_file, env, job_lines, read_output,
                                      run_batch, write_jsonl)
 
 pytestmark = [pytest.mark.slow, pytest.mark.service]

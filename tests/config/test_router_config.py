@@ -24,7 +24,7 @@ def test_defaults_follow_the_spec():
     ({"router": {"categories": {"other": ["x"]}}}, "router.categories.other"),
     ({"router": {"epsilon": 0}}, "kev.router.epsilon"),
     ({"router": {"default_max_tokens": 100, "max_tokens_cap": 10}}, "router.max_tokens_cap"),
-    ({"aggregator": {"timeout_ms": 5000}, "router": {"timeout_ms_cap": 1000}}, "router.timeout_ms_cap"),
+    ({"router": {"default_timeout_ms": 5000, "timeout_ms_cap": 1000}}, "router.timeout_ms_cap"),
     ({"audit": {"level": "verbose"}}, "kev.audit.level"),
     ({"audit": {"file": "x.jsonl"}}, "kev.audit.file"),
 ])
@@ -37,3 +37,11 @@ def test_categories_and_tiers_that_fit():
     config = kev.load_config({"router": {"strategy": "length_aware", "length_tiers": [64],
                                          "categories": {"refund": ["退款"], "address": ["地址"]}}})
     assert list(config.router.categories) == ["refund", "address"] and config.router.length_tiers == (64,)
+
+
+def test_aggregator_timeout_ms_is_a_deprecated_alias_of_router_default_timeout_ms():
+    with pytest.warns(DeprecationWarning, match="router.default_timeout_ms"):
+        config = kev.load_config({"aggregator": {"timeout_ms": 5000}})
+    assert config.router.default_timeout_ms == 5000 and config.aggregator.mode == "slot_map"
+    with pytest.raises(kev.ConfigError, match="aggregator.timeout_ms"):
+        kev.load_config({"aggregator": {"timeout_ms": 5000}, "router": {"default_timeout_ms": 10}})

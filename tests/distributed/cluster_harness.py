@@ -25,8 +25,7 @@ from harness import ServerProcess
 REPO = Path(__file__).resolve().parents[2]
 # Small and fast: one CPU thread per worker, short lease so a killed worker's questions come back soon.
 BASE = {
-    "router": {"strategy": "consistent_hash", "default_max_tokens": 8},
-    "aggregator": {"timeout_ms": 120_000},
+    "router": {"strategy": "consistent_hash", "default_max_tokens": 8, "default_timeout_ms": 120_000},
     "core": {"threads": 1},
     "deploy": {"mode": "distributed", "workers": 2, "ack_wait_s": 3.0, "heartbeat_s": 0.5},
 }

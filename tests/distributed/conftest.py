@@ -12,7 +12,7 @@ from tests.distributed.cluster_harness import Cluster, two_worker_cluster
 from harness import ServerProcess
 
 # The reference runs the same numerics as the workers (same core settings), in single mode.
-SINGLE = {"router": {"strategy": "consistent_hash", "default_max_tokens": 8}, "aggregator": {"timeout_ms": 120_000},
+SINGLE = {"router": {"strategy": "consistent_hash", "default_max_tokens": 8, "default_timeout_ms": 120_000},
           "core": {"threads": 1}}
 
 

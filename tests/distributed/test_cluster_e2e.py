@@ -202,7 +202,7 @@ async def _publish_garbage_and_read_dead_letters(url: str) -> list[str]:
                     reasons.append(msg.headers["Kev-Reason"])
                     assert msg.headers["Kev-Source-Subject"].startswith("kev.work.p")
                     await msg.ack()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         return reasons
     finally:

@@ -16,9 +16,10 @@ from harness import ServerProcess
 
 QUESTIONS = ["What is the capital of France?", "Say hi.", "Name a colour.", "写一句诗", "Count to three.",
              {"prompt": "The sky is"}, [{"role": "user", "content": "2+2?"}], "Name a fruit."]
-CONFIG = {"deploy": {"mode": "multi_gpu", "devices": ["cpu", "cpu"]}, "aggregator": {"timeout_ms": 600_000},
+CONFIG = {"deploy": {"mode": "multi_gpu", "devices": ["cpu", "cpu"]},
           "core": {"precision": "fp32"},  # as the shared fp32 engine it is compared with
-          "router": {"strategy": "consistent_hash", "channel_pool_size": 8, "max_parallel_queries": 4}}
+          "router": {"strategy": "consistent_hash", "channel_pool_size": 8, "max_parallel_queries": 4,
+                     "default_timeout_ms": 600_000}}
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,10 @@ import time
 from dataclasses import asdict
 
 import pytest
+from nats.aio.msg import Msg
 
 import kev
+
 from kev.aggregator.result import Result
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import DeltaMessage, MalformedMessage, WorkerStatus, WorkItem, decode
@@ -101,7 +103,8 @@ def result(index: int, text: str = "ab", ids: list[int] | None = None) -> Result
 def test_the_routers_request_keeps_one_answer_per_question_and_closes_streams() -> None:
     async def scenario() -> None:
         request = OpenRequest("r1", 3, "seq_append", "strict", {0, 1, 2})
-        request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="a", token_ids=[1]))  # before the watch
+        # before the watch
+        request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="a", token_ids=[1]))
         watch = Watch("r1", 3, asyncio.get_running_loop(), events=asyncio.Queue())
         request.attach(watch)
         assert request.add_result(result(0), seq=7)
@@ -136,7 +139,7 @@ def test_watch_counts_statuses_for_the_access_line_streamed_or_not() -> None:
 def test_a_worker_answer_counts_its_waits_from_the_routers_submit() -> None:
     item = WorkItem(request_id="r3", index=0, question="q", reply="router", submitted_at=100.0, expires_at=999.0)
     engine_result = Result("engine-rid", 0, status="ok", started_at=102.5, queue_ms=500.0, ttft_ms=800.0, tpot_ms=40.0)
-    answer = Job(item, None, "w0").answer(engine_result).result  # type: ignore[arg-type]
+    answer = Job(item, Msg(None, subject="work"), "w0").answer(engine_result).result  # a plain NATS message
     assert (answer["queue_ms"], answer["ttft_ms"], answer["tpot_ms"]) == (2500.0, 2800.0, 40.0), "the stream wait included"
 
 

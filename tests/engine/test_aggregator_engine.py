@@ -1,7 +1,6 @@
 """Aggregator on the real engine: timeouts, streaming, cancel, ordering, audit fields, budgets."""
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
 import pytest

@@ -36,7 +36,7 @@ def make_engine_bf16():
     import kev
 
     engine = kev.Engine.from_config({"core": {"precision": "bf16", "prefill_chunk": 16, "max_step_tokens": 64},
-                                     "aggregator": {"timeout_ms": 600_000}},
+                                     "router": {"default_timeout_ms": 600_000}},
                                     record_logits=True)
     yield engine
     engine.close()

@@ -13,5 +13,6 @@ def test_questions_never_wait_beside_idle_channels(make_engine):
     results = engine.wait(rid, 120)
     assert len({r.channel_id for r in results}) == 6
     jokes = [r for r in results if r.original_text == "Tell me a joke."]
-    assert len({r.hash_bucket for r in jokes}) == 1 and sum(r.rerouted for r in jokes) >= 3  # moved off the bucket's channel
+    # moved off the bucket's channel
+    assert len({r.hash_bucket for r in jokes}) == 1 and sum(r.rerouted for r in jokes) >= 3
     assert all(r.category == "other" and r.strategy == "semantic_hash" for r in results)

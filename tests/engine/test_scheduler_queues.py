@@ -102,7 +102,7 @@ def test_random_lifecycle_loses_and_duplicates_nothing():
     s = make_scheduler(max_queue=10_000, strategy="consistent_hash", channel_pool_size=6, max_parallel_queries=3,
                        channel_queue_depth=2, breaker_threshold=1)
     everyone: list[Question] = []
-    for step in range(300):
+    for _step in range(300):
         for _ in range(rng.randrange(3)):
             q = question(len(everyone), bucket=rng.choice([1, 1, 1, rng.randrange(64)]), priority=rng.randrange(3))
             everyone.append(q)
@@ -113,7 +113,7 @@ def test_random_lifecycle_loses_and_duplicates_nothing():
             if rng.random() < 0.3:
                 s.finish(q, "stop")
         if rng.random() < 0.05 and s.waiting():
-            s.finish(rng.choice(s.waiting()), "cancelled", "cancelled")
+            s.finish(rng.choice(s.waiting()), "cancelled")
         places = [id(q) for q in s.running] + [id(q) for q in s.waiting()]
         assert len(places) == len(set(places))
         for q in everyone:

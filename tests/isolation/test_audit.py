@@ -25,14 +25,22 @@ def records(path, kind=None):
     return [r for r in lines if kind is None or r["kind"] == kind]
 
 
+def before_audit(engine, hook):
+    """Fault injection: hook(meta) runs on each step's metadata just before the isolation audit reads it."""
+    check = engine.guard.check
+    engine.guard.check = lambda meta: (hook(meta), check(meta))[1]
+
+
 def one_shot(engine, corrupt):
     """Run corrupt(meta) on the first step that has at least two channels decoding."""
+    fired = []
+
     def hook(meta):
         decoding = [s for s in meta.spans if s.q_len == 1 and s.channel_id >= 0]
-        if len(decoding) >= 2 and engine.metadata_hook is hook:
-            engine.metadata_hook = None
+        if len(decoding) >= 2 and not fired:
+            fired.append(True)
             corrupt(meta, decoding)
-    engine.metadata_hook = hook
+    before_audit(engine, hook)
 
 
 def assert_still_serving(engine, reference):
@@ -106,12 +114,14 @@ def test_write_to_read_only_prefix_block(audited):
 def test_chunk_boundary_inside_prefix(audited):
     engine, path = audited("shared")
 
+    fired = []
+
     def hook(meta):
         prefill = [s for s in meta.spans if s.channel_id >= 0 and s.q_len > 1]
-        if prefill and engine.metadata_hook is hook:
-            engine.metadata_hook = None
+        if prefill and not fired:
+            fired.append(True)
             prefill[0].prefix_len = prefill[0].ctx_len
-    engine.metadata_hook = hook
+    before_audit(engine, hook)
     results = engine.generate(QUESTIONS, max_tokens=MAX_TOKENS, timeout=300)
     assert sum(r.status == "error" for r in results) == 1
     assert [a["alert"] for a in records(path, "alert")] == ["chunk_boundary_in_prefix"]

@@ -28,7 +28,12 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.stats = EngineStats()
-        self.requests: dict[str, Any] = {}
+
+    def subscribe(self, listener: Any) -> None:
+        pass
+
+    def cancel_unfinished(self) -> int:
+        return 0
 
     def channel_states(self) -> list[dict[str, Any]]:
         return [{"channel_id": 0, "state": "idle", "request_id": None, "index": None, "tokens": 0, "kv_blocks": 0,

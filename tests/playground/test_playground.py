@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.service, pytest.mark.timeout(900)]
 MAX_TOKENS = 12
 QUESTIONS = ["What is the capital of France?", "用一句话介绍北京。"]
 SLOW = "Count from one to one hundred, in words."  # gets a 1 ms timeout: it cannot finish, the others must
-CONFIG = {"aggregator": {"timeout_ms": 300_000}}  # no default timeout on a busy CPU; only the one we set
+CONFIG = {"router": {"default_timeout_ms": 300_000}}  # no default timeout on a busy CPU; only the one we set
 KEY = "playground-key-4711"
 DOCS_SHOT = REPO / "docs" / "playground.png"
 

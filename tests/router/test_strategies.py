@@ -6,7 +6,7 @@ import random
 import pytest
 
 from kev.config.schema import RouterConfig
-from kev.router.consistent_hash import ConsistentHash, HashRing, load_bound
+from kev.router.consistent_hash import HashRing, load_bound
 from kev.router.features import QuestionFeatures
 from kev.router.length_aware import tier_of
 from kev.router.router import Router

@@ -37,8 +37,8 @@ QUESTIONS: list[str] = [
     _PARAGRAPH * 8 + "Is the cache shared between independent questions? Answer briefly.",
 ]
 # Enough capacity for 64 clients; long timeouts so a slow shared CPU never turns answers into placeholders.
-SERVER_CONFIG: dict[str, Any] = {"router": {"max_parallel_queries": 16, "channel_pool_size": 32},
-                                 "aggregator": {"timeout_ms": 600_000}, "server": {"max_inflight_requests": 256}}
+SERVER_CONFIG: dict[str, Any] = {"router": {"max_parallel_queries": 16, "channel_pool_size": 32,
+                                                            "default_timeout_ms": 600_000}, "server": {"max_inflight_requests": 256}}
 
 
 @dataclass

@@ -23,8 +23,7 @@ def server(start_server) -> ServerProcess:
     # default_max_tokens keeps the article's curl example (no max_tokens) short on a CPU;
     # round_robin: the channel tests want a request's questions side by side (semantic_hash
     # would queue two identical questions on one channel).
-    return start_server({"router": {"default_max_tokens": 8, "strategy": "round_robin"},
-                         "aggregator": {"timeout_ms": 120_000}})
+    return start_server({"router": {"default_max_tokens": 8, "strategy": "round_robin", "default_timeout_ms": 120_000}})
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ def exposed_series(text: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def server(start_server) -> ServerProcess:
-    return start_server({"router": {"strategy": "round_robin"}, "aggregator": {"timeout_ms": 120_000}},
+    return start_server({"router": {"strategy": "round_robin", "default_timeout_ms": 120_000}},
                         extra_args=["--log-format", "json", "--stats-interval", "0.5"])
 
 

@@ -21,7 +21,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 
 @pytest.fixture(scope="module")
 def server(start_server) -> ServerProcess:
-    return start_server({"aggregator": {"timeout_ms": 120_000}}, api_key=KEY)
+    return start_server({"router": {"default_timeout_ms": 120_000}}, api_key=KEY)
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ MODEL = "smollm2-135m-instruct"
 @pytest.fixture(scope="module")
 def server(start_server) -> ServerProcess:
     config = {"server": LIMITS, "router": {"default_max_tokens": 4, "overflow_policy": "reject", "max_parallel_queries": 2,
-                                           "channel_pool_size": 4},
-              "core": {"max_context": 64}, "aggregator": {"timeout_ms": 120_000}}
+                                           "channel_pool_size": 4, "default_timeout_ms": 120_000},
+              "core": {"max_context": 64}}
     return start_server(config, api_key=KEY)
 
 

@@ -178,6 +178,9 @@ class RefusingEngine:
     def __init__(self, error: Exception) -> None:
         self.error = error
 
+    def subscribe(self, listener: object) -> None:
+        pass
+
     def submit(self, queries: list, **options: object) -> str:
         raise self.error
 

@@ -39,7 +39,7 @@ def stream_in_background(server: ServerProcess, body: dict[str, Any]) -> tuple[t
 
 
 def test_sigterm_lets_in_flight_answers_finish(tmp_path: Path) -> None:
-    server = ServerProcess({"aggregator": {"timeout_ms": 120_000}}, tmp_path, extra_args=["--grace", "120"]).start()
+    server = ServerProcess({"router": {"default_timeout_ms": 120_000}}, tmp_path, extra_args=["--grace", "120"]).start()
     try:
         started, outcome = stream_in_background(server, {"queries": [COUNTING], "max_tokens": 24})
         assert started.wait(120)

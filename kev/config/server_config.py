@@ -1,6 +1,6 @@
 """The `server:` section of kev.yaml: what `kev serve` listens on and the limits it enforces on callers.
 
-It imports nothing from Kev so that kev/config/schema.py can embed it without a cycle.
+It lives with the config, not the server: loading a config never imports the server.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class ServerConfig(BaseModel):
     # A cap on max_tokens for HTTP callers, at most router.max_tokens_cap (None: that cap).
     max_tokens_cap: int | None = Field(None, ge=1)
     max_timeout_ms: int = Field(600_000, ge=1)
-    # Requests answered or streamed at once; one more is a 429 (each holds one watcher thread).
+    # Requests answered or streamed at once; one more is a 429.
     max_inflight_requests: int = Field(256, ge=1)
     retry_after_s: int = Field(1, ge=1)  # the Retry-After a 429/503 suggests
     # Slow clients: request headers, then the body, must arrive within these (else 408, connection closed);

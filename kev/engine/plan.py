@@ -1,0 +1,47 @@
+"""What one step runs and what it produced: the scheduler's plan (work in packing order, slot copies) and its
+per-question outputs (new token ids and a finish reason). Plain data: the packer, the engine and the output
+processor read them; only the scheduler makes them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kev.aggregator.result import FinishReason
+from kev.engine.prefix_jobs import PrefixJob, SlotCopy
+from kev.engine.question import Question
+
+
+@dataclass
+class Work:
+    seq: Question | PrefixJob
+    start: int  # first position computed this step
+    length: int  # tokens computed this step
+    samples: bool  # does this step produce the question's next token?
+    scores_prompt: bool = False  # every row's logits are wanted (prompt_logprobs)
+
+    @property
+    def question(self) -> Question:
+        assert isinstance(self.seq, Question)
+        return self.seq
+
+
+@dataclass
+class StepPlan:
+    """Everything one step runs: the work in packing order and the K/V slot copies to apply first."""
+
+    work: list[Work] = field(default_factory=list)
+    copies: list[SlotCopy] = field(default_factory=list)
+    sampling: list[Question] = field(default_factory=list)  # who samples, in the order of the sampled logits rows
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return sum(w.length for w in self.work if isinstance(w.seq, PrefixJob))
+
+
+@dataclass
+class QuestionOutput:
+    """What one step did to one question: its new token (if any) and, when it ended, why."""
+
+    question: Question
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None
+    sample_row: int | None = None  # its row in the step's sampled logits
