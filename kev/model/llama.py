@@ -146,22 +146,30 @@ class LlamaModel(nn.Module):
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.fused = enabled
 
+    def first_blocks(self) -> tuple[Attention, MLP]:
+        """The first layer's attention and MLP: every family's layer has both (as `self_attn`, `mlp`)."""
+        layer = self.layers[0]
+        attention, mlp = layer.self_attn, layer.mlp
+        assert isinstance(attention, Attention) and isinstance(mlp, MLP)
+        return attention, mlp
+
     @property
     def cpu_kernels(self) -> bool:
-        return bool(self.layers[0].self_attn.fused)
+        return bool(self.first_blocks()[0].fused)
 
     def kernel_identity(self) -> str:
         """What decides the bits of a linear row: the shapes and whether weights are prepacked."""
-        cfg, head = self.config, self.layers[0].self_attn.qkv_proj
+        cfg, head = self.config, self.first_blocks()[0].qkv_proj
         kernel = head.packed.kernel if head.packed is not None else "torch-linear"
         return f"{cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_heads}/{cfg.num_kv_heads}/{cfg.vocab_size}/{kernel}"
 
     def row_multiplies(self, max_rows: int, max_samples: int) -> dict[str, tuple[int, Multiply, int]]:
         """Each linear shape as the forward runs it, with the most rows a call can have (for the probe)."""
-        layer = self.layers[0]
-        linears = {"qkv": layer.self_attn.qkv_proj, "o": layer.self_attn.o_proj,
-                   "gate_up": layer.mlp.gate_up_proj, "down": layer.mlp.down_proj}
-        found = {name: (m.weight.shape[1], partial(_as_one_tile, m), max_rows) for name, m in linears.items()}
+        attention, mlp = self.first_blocks()
+        linears = {"qkv": attention.qkv_proj, "o": attention.o_proj, "gate_up": mlp.gate_up_proj,
+                   "down": mlp.down_proj}
+        found: dict[str, tuple[int, Multiply, int]] = {
+            name: (m.weight.shape[1], partial(_as_one_tile, m), max_rows) for name, m in linears.items()}
         found["lm_head"] = (self.config.hidden_size, lambda x: self.logits(x, [x.shape[0]]), max_samples)
         return found
 

@@ -30,6 +30,7 @@ namespace kev {
 
 constexpr int kBlock = 16;  // output columns per packed block (one zmm of fp32)
 constexpr int kMaxRows = 6;
+constexpr int64_t kMinThreadWork = int64_t{2} << 20;  // bytes-equivalent per thread, see linear()
 
 // bf16: x rows are read as int32 pairs (x[2k], x[2k+1]); packed weights [blocks][K/2][16] pairs.
 struct Bf16 {
@@ -139,13 +140,18 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
   const float* bp = bias && bias->defined() ? bias->data_ptr<float>() : nullptr;
   auto out = at::empty({rows, out_features}, x.options());
   if (rows == 0) return out;
-  // Columns split over threads; grain keeps a thread's range at least 8 blocks wide.
+  // Columns split over threads only where each thread gets enough work to pay for waking another: with
+  // OMP_WAIT_POLICY=PASSIVE (Kev's default, for busy neighbours) a wake costs ~40 us here, more than a
+  // small decode GEMM takes on one thread. Work of a block: its weight bytes, streamed once, plus its
+  // multiply-adds (about one byte-equivalent per 4 rows).
+  const int64_t block_bytes = kBlock * x.size(1) * x.element_size();
+  const int64_t grain = std::max<int64_t>(8, kMinThreadWork / (block_bytes * (1 + rows / 4)));
   if (x.scalar_type() == at::kBFloat16) {
     TORCH_CHECK(packed.scalar_type() == at::kInt && steps * 2 == x.size(1), "kev::linear: bf16 x needs a bf16-packed weight of the same K");
     const auto* xp = reinterpret_cast<const int32_t*>(x.data_ptr<at::BFloat16>());
     const int32_t* wp = packed.data_ptr<int32_t>();
     at::BFloat16* op = out.data_ptr<at::BFloat16>();
-    at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
       column_range<Bf16>(xp, wp, bp, op, rows, steps, out_features, begin, end);
     });
   } else {
@@ -154,7 +160,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
     const float* xp = x.data_ptr<float>();
     const float* wp = packed.data_ptr<float>();
     float* op = out.data_ptr<float>();
-    at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
       column_range<Fp32>(xp, wp, bp, op, rows, steps, out_features, begin, end);
     });
   }

@@ -21,6 +21,7 @@
 namespace kev {
 
 constexpr int kLanes = 16;
+constexpr int64_t kMinParallelKeyReads = 8192;  // (query head, key) pairs; below: one thread
 
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline float load(const at::BFloat16* p, int64_t i) {
@@ -239,7 +240,10 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
   const int64_t* start_ptr = starts.data_ptr<int64_t>();
   const int64_t* length_ptr = lengths.data_ptr<int64_t>();
   const float scale_f = static_cast<float>(scale);
-  at::parallel_for(0, num_channels * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // One thread where the whole call is small (a lone question's decode): waking a second one costs more.
+  const int64_t key_reads = lengths.sum().item<int64_t>() * heads;
+  const int64_t grain = key_reads < kMinParallelKeyReads ? num_channels * kv_heads : 1;
+  at::parallel_for(0, num_channels * kv_heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> query(group * dim), key(dim), acc(group * dim), scores, total(group);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t channel = task / kv_heads, kv_head = task % kv_heads;
