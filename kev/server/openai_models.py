@@ -73,6 +73,7 @@ class _Sampling(_OpenAIBody):
     user: str | None = None
     # Kev extensions
     top_k: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = Field(None, description="vLLM's: keep generating past end-of-sequence tokens")
     isolation: Literal["strict", "shared", "loose"] | None = None
     timeout_ms: int | None = Field(None, ge=1)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
@@ -138,7 +139,8 @@ class _Sampling(_OpenAIBody):
         options = {"max_tokens": max_tokens, "temperature": 1.0 if self.temperature is None else self.temperature,
                    "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop, "isolation": self.isolation,
                    "timeout_ms": self.timeout_ms, "structured_outputs": structured, "logit_bias": self.logit_bias or None,
-                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty}
+                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                   "ignore_eos": self.ignore_eos}
         return {key: value for key, value in options.items() if value is not None}
 
     def seeded(self, query: dict[str, Any], choice: int) -> dict[str, Any]:

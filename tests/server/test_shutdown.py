@@ -79,7 +79,7 @@ def test_sigterm_cancels_what_outlasts_the_grace_period_and_every_caller_hears_i
         assert started.wait(120)
         plain = post_in_background(server, "/v1/query", {"queries": [COUNTING], "max_tokens": 2000})
         openai = post_in_background(server, "/v1/completions", {"model": "smollm2-135m-instruct", "max_tokens": 2000,
-                                                                **COUNTING})
+                                                                "ignore_eos": True, **COUNTING})
         time.sleep(1.0)  # both reach the engine (nothing below depends on how far they got)
         server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         code = server.proc.wait(60)  # type: ignore[union-attr]
