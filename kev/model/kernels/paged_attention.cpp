@@ -241,7 +241,8 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
   const int64_t* length_ptr = lengths.data_ptr<int64_t>();
   const float scale_f = static_cast<float>(scale);
   // One thread where the whole call is small (a lone question's decode): waking a second one costs more.
-  const int64_t key_reads = lengths.sum().item<int64_t>() * heads;
+  int64_t key_reads = 0;  // a plain loop: no tensor op per layer on the step's hot path
+  for (int64_t i = 0; i < num_channels; ++i) key_reads += length_ptr[i] * heads;
   const int64_t grain = key_reads < kMinParallelKeyReads ? num_channels * kv_heads : 1;
   at::parallel_for(0, num_channels * kv_heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> query(group * dim), key(dim), acc(group * dim), scores, total(group);
