@@ -41,7 +41,7 @@ def main() -> None:
     head = (torch.randn(VOCAB, HIDDEN, generator=gen) * 0.05).to(torch.bfloat16)
     if not can_use_kev_gemm(head):
         raise SystemExit("Kev's GEMM needs AVX-512 BF16 and the C++ kernels")
-    kev_stack = [[GemmWeight(w, None) for w in layer] for layer in weights] + [[GemmWeight(head, None)]]
+    kev_stack = [[GemmWeight(w, None, None) for w in layer] for layer in weights] + [[GemmWeight(head, None, None)]]
     x = torch.randn(80, INTERMEDIATE, generator=gen).to(torch.bfloat16)
     reference = kev_stack[0][3](x)
     same = all(torch.equal(kev_stack[0][3](x[:m]), reference[:m]) for m in range(1, 81))

@@ -14,7 +14,7 @@ from kev.model.llama import DecoderLayer, LlamaModel
 @torch.inference_mode()
 def linear_stack_ms(model: LlamaModel, rows: int, repeats: int = 5) -> float:
     """Median milliseconds of one pass over every linear layer at `rows` rows."""
-    cfg, dtype = model.config, next(model.parameters()).dtype
+    cfg, dtype = model.config, model.dtype
     x = torch.randn(rows, cfg.hidden_size, dtype=dtype)
     wide = torch.randn(rows, cfg.intermediate_size, dtype=dtype)
     tiles = [rows]

@@ -156,5 +156,5 @@ def load_hf_reference(engine: Engine) -> Any | None:
     except ImportError:
         return None
     model: LlamaModel = engine.runner.model
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_folder(engine), dtype=next(model.parameters()).dtype)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_folder(engine), dtype=model.dtype)
     return hf.eval()

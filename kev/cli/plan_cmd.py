@@ -97,11 +97,13 @@ def resolve_shape(args: argparse.Namespace, config: KevConfig) -> tuple[ModelSha
     f.setdefault("head_dim", f["hidden"] // f["heads"])
     f.setdefault("kv_heads", f["heads"])
     params = int(args.params) if args.params else None
+    linear_params = linear_outputs = None
     if params is None and f.get("vocab") and f.get("intermediate"):
-        params = ModelConfig(f["vocab"], f["hidden"], f["intermediate"], f["layers"], f["heads"], f["kv_heads"],
-                             f["head_dim"], tie_word_embeddings=f.get("tied", False)).num_params
+        cfg = ModelConfig(f["vocab"], f["hidden"], f["intermediate"], f["layers"], f["heads"], f["kv_heads"],
+                          f["head_dim"], tie_word_embeddings=f.get("tied", False))
+        params, linear_params, linear_outputs = cfg.num_params, cfg.linear_params, cfg.linear_outputs
     shape = ModelShape(f["layers"], f["hidden"], f["heads"], f["kv_heads"], f["head_dim"], params,
-                       f.get("vocab"), f.get("intermediate"), source)
+                       f.get("vocab"), f.get("intermediate"), source, linear_params, linear_outputs)
     return shape, folder
 
 

@@ -29,6 +29,18 @@ def cpu_bf16_flags() -> tuple[str, ...]:
     return tuple(flag for flag in NATIVE_BF16_CPU_FLAGS if flag in flags)
 
 
+def activation_precision(precision: str, device: str) -> str:
+    """The dtype of activations and K/V: the precision itself, except int8 (weight-only), which computes in
+    bf16, or fp16 on a CUDA device without bf16."""
+    if precision != "int8":
+        return precision
+    if _uses_cuda(device):
+        import torch
+
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16"
+
+
 def describe(precision: str, device: str) -> str:
     picked = pick_precision(precision, device)
     if precision != "auto":

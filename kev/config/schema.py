@@ -143,8 +143,9 @@ class CoreConfig(_Section):
     model_path: str = "smollm2-135m-instruct"
     # Overrides the model folder's chat template: a file path, or the Jinja template itself.
     chat_template: str | None = None
-    # auto: bf16 where the device computes it natively (avx512_bf16 / AMX, CUDA), else fp32
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    # auto: bf16 where the device computes it natively (avx512_bf16 / AMX, CUDA), else fp32. int8: weight-only
+    # (int8 weights, one scale per output channel; activations and K/V in bf16, fp16 on CUDA without bf16)
+    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "auto"
     max_context: int = Field(4096, ge=16)
     device: str = "auto"
     block_size: int = Field(16, ge=1, le=1024)
@@ -172,7 +173,7 @@ class CoreConfig(_Section):
 
     @property
     def resolved_precision(self) -> str:
-        """precision with auto resolved for this machine: fp32 | bf16 | fp16."""
+        """precision with auto resolved for this machine: fp32 | bf16 | fp16 | int8."""
         return pick_precision(self.precision, self.device)
 
     @model_validator(mode="after")

@@ -78,7 +78,7 @@ class ReplicaEngine:
             self.replicas.append(Engine(replica_config, build_parts(replica_config, model, tokenizer)))
         first = self.replicas[0]
         self.tokenizer = first.tokenizer
-        encoder = MeanEmbedder(first.runner.model.embed_tokens.weight, first.tokenizer)
+        encoder = MeanEmbedder(first.runner.model.embed_tokens.full_weight(), first.tokenizer)
         self.placer = PartitionPlacer.build(config.router, len(self.replicas), encoder)
         self.requests: dict[str, Request] = {}  # the caller's view, fed by the replicas' event streams
         self.shares: dict[str, list[Share]] = {}

@@ -73,15 +73,14 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
     """Prepack the weights and load the decode kernel for the CPU, then let the row invariance probe decide between one
     GEMM per step and fixed tiles (core.row_plan: tiles skips the probe)."""
     core = config.core
-    param = next(model.parameters())
-    kernels = core.kernels == "auto" and param.device.type == "cpu" and load_cpu_kernels(cache_root())
+    kernels = core.kernels == "auto" and model.device.type == "cpu" and load_cpu_kernels(cache_root())
     model.use_cpu_kernels(kernels)  # off also where an earlier engine in this process turned them on
     model.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
     fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
     if core.row_plan == "tiles" or not core.batch_invariant:
         return fixed
     max_samples = max(config.router.max_parallel_queries, 2)
-    verdict = probe_rows(model.row_multiplies(core.max_step_tokens, max_samples), param.dtype, param.device,
+    verdict = probe_rows(model.row_multiplies(core.max_step_tokens, max_samples), model.dtype, model.device,
                          cache_root() / "probes", model.kernel_identity())
     if not verdict.free_rows:
         return fixed
@@ -109,7 +108,7 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
                              unified, router.max_queue)
     pool = ChannelPool(router.channel_pool_size, router.channel_queue_depth)
     prefixes = PrefixJobs(blocks, PrefixStore(blocks))
-    gateway = Router(router, MeanEmbedder(model.embed_tokens.weight, tokenizer))
+    gateway = Router(router, MeanEmbedder(model.embed_tokens.full_weight(), tokenizer))
     log.info("router: %s, channel groups %s", router.strategy, [(g.name, len(g.channels), g.slots) for g in gateway.layout.groups])
     eos_ids = set(tokenizer.eos_token_ids) | set(model.config.eos_token_ids)
     scheduler = Scheduler(limits, blocks, pool, prefixes, gateway, eos_ids)

@@ -16,13 +16,13 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: TilePlan) -> None:
         self.model, self.plan = model, plan
         cfg = model.config
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
+        self.device, self.dtype = model.device, model.dtype
         self.caches = [
             PagedKVLayer(num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
             for _ in range(cfg.num_layers)
         ]
-        self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan, model.cpu_kernels)
+        self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan, model.cpu_kernels,
+                                                model.first_blocks()[0].qkv_proj.weight.dtype)
 
     @torch.inference_mode()
     def run(self, meta: StepMetadata) -> torch.Tensor:
@@ -44,10 +44,12 @@ class ModelRunner:
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
 
 
-def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan, cpu_kernels: bool) -> str:
-    """A short hash of everything that decides the bits of an answer."""
+def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan, cpu_kernels: bool,
+                         weight_dtype: torch.dtype) -> str:
+    """A short hash of everything that decides the bits of an answer (weight_dtype: int8 under core.precision int8,
+    else the compute dtype)."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     attention = "kernels=kev-cpu" if cpu_kernels else "kernels=torch,attn=sdpa-per-channel"
     parts = [str(dtype), device.type, device_kind, plan.label, attention, torch.__version__,
-             f"threads={torch.get_num_threads()}"]
+             f"threads={torch.get_num_threads()}"] + ([f"weights={weight_dtype}"] if weight_dtype != dtype else [])
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

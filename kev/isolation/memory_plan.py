@@ -41,6 +41,8 @@ class ModelShape:
     vocab_size: int | None = None
     intermediate_size: int | None = None
     source: str = ""  # where the shapes came from, for the printout
+    linear_params: int | None = None  # int8: the part of num_params stored as int8 (None: all of it)
+    linear_outputs: int | None = None  # int8: one fp32 scale per linear output channel
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,18 @@ HEADROOM_RULE = (f"headroom = one step's activations + {HEADROOM_FRACTION:.0%} o
 
 def shape_of(cfg: ModelConfig, source: str = "") -> ModelShape:
     return ModelShape(cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.num_params,
-                      cfg.vocab_size, cfg.intermediate_size, source)
+                      cfg.vocab_size, cfg.intermediate_size, source, cfg.linear_params, cfg.linear_outputs)
+
+
+def weight_bytes(s: ModelShape, precision: str) -> int | None:
+    """What the engine holds for the weights (LlamaModel.weight_bytes). int8: linear weights one byte each plus an
+    fp32 scale per output channel, norms in the 16-bit compute dtype (output widths are taken as multiples of 16,
+    the packing's blocks)."""
+    if s.num_params is None:
+        return None
+    if precision == "int8" and s.linear_params is not None and s.linear_outputs is not None:
+        return s.linear_params + 4 * s.linear_outputs + 2 * (s.num_params - s.linear_params)
+    return s.num_params * WEIGHT_BYTES[precision]
 
 
 def inputs_for(config: KevConfig, shape: ModelShape, typical_tokens: int = 512, prefix_tokens: int = 0,
@@ -136,7 +149,7 @@ def make_plan(p: PlanInputs) -> MemoryPlan:
     value_bytes = KV_BYTES[p.precision]
     per_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * value_bytes
     per_token_article = 2 * s.num_layers * s.hidden_size * value_bytes
-    weights = None if s.num_params is None else s.num_params * WEIGHT_BYTES[p.precision]
+    weights = weight_bytes(s, p.precision)
     pool_blocks = kv_pool_blocks(p.kv_cache, p.max_context, p.block_size, p.channels, p.pool_size, p.kv_cache_tokens)
     pool = pool_blocks * p.block_size * per_token
     activations = activation_bytes(p)

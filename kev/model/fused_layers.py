@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 class FusedLayers:
     weights: list[torch.Tensor]  # per layer: input norm, qkv, o, post-attention norm, gate_up, down
     biases: list[torch.Tensor | None]  # per layer: qkv, o, gate_up, down (fp32, padded) or None
+    scales: list[torch.Tensor | None]  # the same for int8 weights' per-column scales
     out_features: list[int]  # qkv, o, gate_up, down
     heads: int
     kv_heads: int
@@ -37,6 +38,7 @@ class FusedLayers:
 
         weights: list[torch.Tensor] = []
         biases: list[torch.Tensor | None] = []
+        scales: list[torch.Tensor | None] = []
         out_features: list[int] = []
         eps = 0.0
         for layer in model.layers:
@@ -54,10 +56,11 @@ class FusedLayers:
             weights += [layer.input_layernorm.weight, qkv.packed, o.packed, layer.post_attention_layernorm.weight,
                         gate_up.packed, down.packed]
             biases += [p.bias for p in gemms]
+            scales += [p.scale for p in gemms]
             out_features = [p.out_features for p in gemms]
             eps = layer.input_layernorm.eps
         cfg = model.config
-        return FusedLayers(weights, biases, out_features, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps)
+        return FusedLayers(weights, biases, scales, out_features, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps)
 
     def run(self, x: torch.Tensor, meta: StepMetadata, caches: list[PagedKVLayer], cos: torch.Tensor,
             sin: torch.Tensor) -> torch.Tensor | None:
@@ -66,6 +69,6 @@ class FusedLayers:
         if batch is None or meta.long_chunks:
             return None
         return torch.ops.kev.decoder_layers(
-            x, self.weights, self.biases, [cache.kv for cache in caches], self.out_features, cos, sin,
+            x, self.weights, self.biases, self.scales, [cache.kv for cache in caches], self.out_features, cos, sin,
             meta.positions, meta.token_rows, meta.slot_mapping, meta.padding_rows, batch.rows, batch.kv_slots,
             batch.starts, batch.lengths, self.heads, self.kv_heads, self.head_dim, self.eps, self.head_dim ** -0.5)

@@ -79,7 +79,7 @@ class Gemma2Model(LlamaModel):
         return GemmaLayer(cfg, index, self.max_positions)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x = super().embed(input_ids)
         # The scale rounded to the model dtype first, as transformers does (sqrt(3072) is 55.5 in bf16).
         return x * torch.tensor(self.config.hidden_size ** 0.5, dtype=x.dtype)
 

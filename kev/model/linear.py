@@ -29,10 +29,11 @@ def can_prepack(weight: torch.Tensor) -> bool:
 
 
 def can_use_kev_gemm(weight: torch.Tensor) -> bool:
-    """Kev's GEMM: CPU fp32 / bf16 weights (bf16 reads k in pairs, so K must be even), kernels built with it."""
-    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+    """Kev's GEMM: CPU fp32 / bf16 / int8 weights (bf16 reads k in pairs, int8 two pairs at a time, so K must be
+    a multiple of 2 / 4), kernels built with it."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16, torch.int8):
         return False
-    if weight.dtype == torch.bfloat16 and weight.shape[1] % 2:
+    if weight.shape[1] % {torch.float32: 1, torch.bfloat16: 2, torch.int8: 4}[weight.dtype]:
         return False
     return hasattr(torch.ops.kev, "linear_available") and bool(torch.ops.kev.linear_available())
 
@@ -52,60 +53,125 @@ class PackedWeight:
 
 class GemmWeight:
     """A weight packed once for Kev's GEMM: blocks of 16 output columns, k-major inside a block
-    (bf16: k in pairs, as vdpbf16ps reads them); the bias in fp32, padded to whole blocks."""
+    (bf16 and int8: k in pairs, as vdpbf16ps reads them); the bias and an int8 weight's scale in fp32,
+    padded to whole blocks. The packing is the only copy of the weight Kev keeps (see Linear.prepack)."""
 
     kernel = "kev-gemm"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None) -> None:
         out_features, in_features = weight.shape
         blocks = -(-out_features // 16)
         padded = F.pad(weight, (0, 0, 0, blocks * 16 - out_features))
-        if weight.dtype == torch.bfloat16:
-            pairs = padded.view(blocks, 16, in_features // 2, 2).permute(0, 2, 1, 3).contiguous()
-            self.packed = pairs.view(torch.int32).view(blocks, in_features // 2, 16)
-        else:
+        if weight.dtype == torch.float32:
             self.packed = padded.view(blocks, 16, in_features).permute(0, 2, 1).contiguous()
+        else:  # [blocks, k pairs, 16 columns, 2]: bf16 as int32 pairs; int8 as below
+            pairs = padded.view(blocks, 16, in_features // 2, 2).permute(0, 2, 1, 3)
+            if weight.dtype == torch.bfloat16:
+                self.packed = pairs.contiguous().view(torch.int32).view(blocks, in_features // 2, 16)
+            else:  # sign-magnitude bytes, two pairs' 64 bytes in the order the kernel's byte interleave wants
+                grouped = pairs.reshape(blocks, in_features // 4, 2, 4, 8).permute(0, 1, 3, 2, 4)
+                self.packed = _sign_magnitude(grouped.contiguous()).view(blocks, in_features // 2, 32)
         self.bias = None if bias is None else F.pad(bias.float(), (0, blocks * 16 - out_features))
-        self.out_features = out_features
+        self.scale = None if scale is None else F.pad(scale.float(), (0, blocks * 16 - out_features))
+        self.out_features, self.in_features, self.dtype = out_features, in_features, weight.dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.kev.linear(x.contiguous(), self.packed, self.bias, self.out_features)
+        return torch.ops.kev.linear(x.contiguous(), self.packed, self.bias, self.scale, self.out_features)
+
+    def _blocks(self) -> torch.Tensor:
+        """The packing as [blocks, k steps, 16 columns, k per step] in the weight's dtype (a view; int8: the
+        packing's bytes, still sign-magnitude)."""
+        blocks, steps = self.packed.shape[:2]
+        if self.dtype == torch.int8:
+            grouped = self.packed.view(blocks, steps // 2, 4, 2, 8).permute(0, 1, 3, 2, 4)
+            return grouped.reshape(blocks, steps, 16, 2)
+        return self.packed.view(self.dtype).view(blocks, steps, 16, -1)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Weight rows `ids` (an embedding lookup on a tied head), exactly as given to the packing."""
+        picked = self._blocks()[ids // 16, :, ids % 16].reshape(ids.numel(), self.in_features)
+        return _from_sign_magnitude(picked) if self.dtype == torch.int8 else picked
+
+    def unpack(self) -> torch.Tensor:
+        """The weight [out_features, in_features] back from the packing."""
+        weight = self._blocks().permute(0, 2, 1, 3).reshape(-1, self.in_features)[: self.out_features]
+        return _from_sign_magnitude(weight) if self.dtype == torch.int8 else weight.contiguous()
 
 
-def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int,
+def _sign_magnitude(q: torch.Tensor) -> torch.Tensor:
+    """int8 in -127..127 as sign << 7 | magnitude (bytes, viewed as int8)."""
+    return torch.where(q < 0, 128 - q.to(torch.int16), q.to(torch.int16)).to(torch.uint8).view(torch.int8)
+
+
+def _from_sign_magnitude(b: torch.Tensor) -> torch.Tensor:
+    magnitude = (b.to(torch.int16) & 0x7F).to(torch.int8)
+    return torch.where(b < 0, -magnitude, magnitude)
+
+
+def pack_weight(weight: torch.Tensor, bias: torch.Tensor | None, scale: torch.Tensor | None, rows_hint: int,
                 kev_gemm: bool) -> PackedWeight | GemmWeight | None:
     """The fastest row-invariant packing that applies, or None (F.linear over fixed tiles). kev_gemm: Kev's C++
-    kernels are in use (core.kernels: auto and they built)."""
+    kernels are in use (core.kernels: auto and they built). scale: an int8 weight's (oneDNN's path takes none)."""
     if kev_gemm and can_use_kev_gemm(weight):
-        return GemmWeight(weight, bias)
-    if can_prepack(weight):
+        return GemmWeight(weight, bias, scale)
+    if scale is None and can_prepack(weight):
         return PackedWeight(weight, bias, rows_hint)
     return None
 
 
 class Linear(nn.Module):
-    """y = x Wᵀ + b over row tiles; `tiles` is one entry (the whole step) under free rows."""
+    """y = x Wᵀ + b over row tiles; `tiles` is one entry (the whole step) under free rows.
+
+    Under core.precision int8 the weight is int8 and `scale` (fp32, one per output column) gives
+    W ≈ weight · scale (kev/model/quantize.py). The token table is a Linear too: its rows are the
+    embeddings, and a tied model's head multiplies by it."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
+        self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        self.scale: torch.Tensor | None = None
         self.packed: PackedWeight | GemmWeight | None = None
 
     def prepack(self, rows_hint: int, kev_gemm: bool) -> None:
-        self.packed = pack_weight(self.weight, self.bias, rows_hint, kev_gemm)
+        """Pack for the CPU kernel. Kev's GEMM packing replaces the plain weight (one copy held); packing again
+        (another engine on the same model) keeps it, or unpacks it first for another kernel."""
+        if isinstance(self.packed, GemmWeight):
+            if kev_gemm:
+                return
+            self.weight.data = self.packed.unpack()
+        self.packed = pack_weight(self.weight, self.bias, self.scale, rows_hint, kev_gemm)
+        if isinstance(self.packed, GemmWeight):
+            self.weight.data = self.weight.data.new_empty(0)
+            if self.packed.scale is not None:  # one copy of the scales too: a view of the packing's (padded) ones
+                self.scale = self.packed.scale[: self.out_features]
 
     def forward(self, x: torch.Tensor, tiles: list[int]) -> torch.Tensor:
         # x: [sum(tiles), in_features]; each tile is multiplied on its own.
-        return tiled_matmul(x, self.weight, self.bias, tiles, self.packed)
+        multiply = self.packed if self.packed is not None else self._torch_multiply
+        if len(tiles) <= 1:
+            return multiply(x)
+        return torch.cat([multiply(rows) for rows in x.split(tiles)])
 
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` of W in dtype (an embedding lookup): int8 rows times their scale."""
+        rows = self.packed.rows(ids) if isinstance(self.packed, GemmWeight) else self.weight[ids]
+        if self.scale is None:
+            return rows.to(dtype)
+        return (rows.float() * self.scale[ids, None]).to(dtype)
 
-def tiled_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tiles: list[int],
-                 packed: PackedWeight | GemmWeight | None = None) -> torch.Tensor:
-    multiply = packed if packed is not None else (lambda rows: F.linear(rows, weight, bias))
-    if len(tiles) <= 1:
-        return multiply(x)
-    return torch.cat([multiply(rows) for rows in x.split(tiles)])
+    def full_weight(self) -> torch.Tensor:
+        """W [out, in] in fp32, dequantized and unpacked (a copy: for start-up work such as the router's table)."""
+        weight = self.packed.unpack() if isinstance(self.packed, GemmWeight) else self.weight
+        return weight.float() * self.scale[:, None] if self.scale is not None else weight.float()
+
+    def _torch_multiply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            return F.linear(x, self.weight, self.bias)
+        # int8 without Kev's GEMM (CUDA, or no kernels): int8 -> x's dtype is exact; the scale after the sum.
+        out = F.linear(x, self.weight.to(x.dtype)).float() * self.scale
+        return (out + self.bias.float() if self.bias is not None else out).to(x.dtype)
 
 
 def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

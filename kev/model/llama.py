@@ -17,7 +17,7 @@ from kev.model.rope import RotaryTable
 from kev.model.row_invariance import Multiply
 from kev.model.step_metadata import StepMetadata
 from kev.model.fused_layers import FusedLayers
-from kev.model.linear import GemmWeight, Linear, PackedWeight, pack_weight, tiled_matmul
+from kev.model.linear import GemmWeight, Linear
 
 
 class RMSNorm(nn.Module):
@@ -109,14 +109,13 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        # The token table [vocab, hidden] as a Linear: lookups read its rows, a tied model's head multiplies by it.
+        self.embed_tokens = Linear(cfg.hidden_size, cfg.vocab_size, False)
         self.max_positions = max_positions
         self.layers = nn.ModuleList(self.make_layer(cfg, index) for index in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False)
         self.rope = self.make_rope()
-        self.packed_head: PackedWeight | GemmWeight | None = None
         self.fused_layers: FusedLayers | None = None  # every layer in one C++ call (after prepack)
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
@@ -127,18 +126,38 @@ class LlamaModel(nn.Module):
         cfg = self.config
         return RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, self.max_positions, cfg.rotary_dim)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype of activations and K/V (weights may be int8: core.precision int8)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
+        return self.embed_tokens.rows(input_ids, self.dtype)
 
     def prepack(self, rows_hint: int, kev_gemm: bool = False) -> None:
-        """Pack every linear weight once for the CPU kernel (no-op where none applies). Kev's GEMM needs the
-        C++ kernels loaded first (use_cpu_kernels)."""
+        """Pack every linear weight once for the CPU kernel (no-op where none applies); the token table only where
+        it is the head too. Kev's GEMM needs the C++ kernels loaded first (use_cpu_kernels)."""
+        for module in self.modules():
+            if isinstance(module, Linear) and (module is not self.embed_tokens or self.lm_head is None):
+                module.prepack(rows_hint, kev_gemm)
+        self.fused_layers = FusedLayers.build(self)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights held: parameters, int8 scales and kernel packings, each storage once (Kev's GEMM
+        packing replaces the plain weight). The figure `kev plan` predicts (isolation/memory_plan.weight_bytes)."""
+        tensors: list[torch.Tensor | None] = list(self.parameters())
         for module in self.modules():
             if isinstance(module, Linear):
-                module.prepack(rows_hint, kev_gemm)
-        if self.lm_head is None:
-            self.packed_head = pack_weight(self.embed_tokens.weight, None, rows_hint, kev_gemm)
-        self.fused_layers = FusedLayers.build(self)
+                tensors.append(module.scale)
+                if isinstance(module.packed, GemmWeight):
+                    tensors += [module.packed.packed, module.packed.bias, module.packed.scale]
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in tensors if t is not None and t.numel()}
+        return sum(storages.values())
 
     def use_cpu_kernels(self, enabled: bool) -> None:
         """Kev's C++ kernels (model/kernels) for decode attention, rotary, RMSNorm and SiLU·mul."""
@@ -158,10 +177,12 @@ class LlamaModel(nn.Module):
         return bool(self.first_blocks()[0].fused)
 
     def kernel_identity(self) -> str:
-        """What decides the bits of a linear row: the shapes and whether weights are prepacked."""
+        """What decides the bits of a linear row: the shapes, the weights' dtype (int8 or the compute dtype) and
+        whether weights are prepacked."""
         cfg, head = self.config, self.first_blocks()[0].qkv_proj
         kernel = head.packed.kernel if head.packed is not None else "torch-linear"
-        return f"{cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_heads}/{cfg.num_kv_heads}/{cfg.vocab_size}/{kernel}"
+        return (f"{cfg.hidden_size}/{cfg.intermediate_size}/{cfg.num_heads}/{cfg.num_kv_heads}/{cfg.vocab_size}/"
+                f"{kernel}/{str(head.weight.dtype).removeprefix('torch.')}")
 
     def row_multiplies(self, max_rows: int, max_samples: int) -> dict[str, tuple[int, Multiply, int]]:
         """Each linear shape as the forward runs it, with the most rows a call can have (for the probe)."""
@@ -169,7 +190,7 @@ class LlamaModel(nn.Module):
         linears = {"qkv": attention.qkv_proj, "o": attention.o_proj, "gate_up": mlp.gate_up_proj,
                    "down": mlp.down_proj}
         found: dict[str, tuple[int, Multiply, int]] = {
-            name: (m.weight.shape[1], partial(_as_one_tile, m), max_rows) for name, m in linears.items()}
+            name: (m.in_features, partial(_as_one_tile, m), max_rows) for name, m in linears.items()}
         found["lm_head"] = (self.config.hidden_size, lambda x: self.logits(x, [x.shape[0]]), max_samples)
         return found
 
@@ -190,6 +211,5 @@ class LlamaModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor, tiles: list[int]) -> torch.Tensor:
         """hidden: [sum(tiles), hidden]."""
-        if self.lm_head is not None:
-            return self.lm_head(hidden, tiles)
-        return tiled_matmul(hidden, self.embed_tokens.weight, None, tiles, self.packed_head)
+        head = self.lm_head if self.lm_head is not None else self.embed_tokens
+        return head(hidden, tiles)

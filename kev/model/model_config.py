@@ -60,6 +60,20 @@ class ModelConfig:
         norms = (4 if self.model_type.startswith("gemma") else 2) * h + (2 * self.head_dim if self.qk_norm else 0)
         return self.num_layers * (attn + mlp + norms) + embed + h
 
+    @property
+    def linear_params(self) -> int:
+        """Parameters in linear layers (the token table included): what core.precision int8 stores as int8."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        per_layer = h * (self.num_heads * self.head_dim) * 2 + h * kv * 2 + 3 * h * self.intermediate_size
+        return self.num_layers * per_layer + self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def linear_outputs(self) -> int:
+        """Output channels of the linear layers: one int8 scale each."""
+        q, kv, h = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.hidden_size
+        per_layer = q + 2 * kv + h + 2 * self.intermediate_size + h
+        return self.num_layers * per_layer + self.vocab_size * (1 if self.tie_word_embeddings else 2)
+
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         model_type = raw.get("model_type", "llama")

@@ -7,11 +7,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kev.config.precision import activation_precision
 from kev.errors import UnsupportedModelError
 from kev.model.families import model_class
 from kev.model.gemma import fold_norm_weights
 from kev.model.llama import LlamaModel
 from kev.model.model_config import ModelConfig
+from kev.model.model_store import cache_root
+from kev.model.quantize import attach_scales, cache_path, quantize_state, read_cached, split_scales, write_cache
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -23,16 +26,21 @@ _FUSED = {
 
 
 def load_model(folder: Path, precision: str, device: torch.device, max_positions: int) -> LlamaModel:
+    """precision: fp32 | bf16 | fp16 | int8 (weight-only; the quantized weights are cached, kev/model/quantize.py)."""
     cfg = ModelConfig.from_folder(folder)
-    tensors = _read_safetensors(folder)
     with torch.device("meta"):
         model = model_class(cfg)(cfg, max_positions)
-    state = _to_kev_names(tensors, cfg)
-    missing = set(model.state_dict()) - set(state)
-    if missing:
-        raise UnsupportedModelError(f"{folder}: the checkpoint lacks weights {sorted(missing)[:5]}")
-    model.load_state_dict(state, strict=True, assign=True)
-    return _finish(model, precision, device)
+    int8_file = cache_path(folder, cache_root()) if precision == "int8" else None
+    state = read_cached(int8_file) if int8_file else None
+    if state is None:
+        state = _to_kev_names(_read_safetensors(folder), cfg)
+        missing = set(model.state_dict()) - set(state)
+        if missing:
+            raise UnsupportedModelError(f"{folder}: the checkpoint lacks weights {sorted(missing)[:5]}")
+        if int8_file:
+            state = quantize_state(state, model)
+            write_cache(int8_file, state)
+    return _finish(model, state, precision, device)
 
 
 def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_positions: int, seed: int = 0) -> LlamaModel:
@@ -44,12 +52,18 @@ def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_pos
             param.data.fill_(1.0)
         else:
             param.data.normal_(0.0, 0.02, generator=generator)
-    return _finish(model, precision, device)
+    state = model.state_dict()
+    return _finish(model, quantize_state(state, model) if precision == "int8" else state, precision, device)
 
 
-def _finish(model: LlamaModel, precision: str, device: torch.device) -> LlamaModel:
-    dtype = DTYPES[precision]
-    model = model.to(device=device, dtype=dtype).eval()
+def _finish(model: LlamaModel, state: dict[str, torch.Tensor], precision: str, device: torch.device) -> LlamaModel:
+    """Loads state (int8 scales included) into model, then casts floats to the compute dtype on device."""
+    state, scales = split_scales(state)
+    model.load_state_dict(state, strict=True, assign=True)
+    dtype = DTYPES[activation_precision(precision, str(device))]
+    model = model.to(device=device, dtype=dtype).eval()  # int8 weights keep their dtype: .to casts floats only
+    if scales:
+        attach_scales(model, scales, device)
     model.rope = model.make_rope().to(device, dtype)  # rebuilt: a model made on the meta device has no table
     return model
 

@@ -39,9 +39,8 @@ def test_plan_matches_allocated_kv(make_engine, kv_cache):
 def test_plan_weights_match_the_model(make_engine):
     engine = make_engine(SMALL, background=False)
     model = engine.runner.model
-    held = sum(p.numel() for p in model.parameters())
     plan = plan_for(engine)
-    assert plan.weights_bytes == held * WEIGHT_BYTES["fp32"]
+    assert plan.weights_bytes == model.weight_bytes() == model.config.num_params * WEIGHT_BYTES["fp32"]
 
 
 def test_split_channels_hold_what_the_plan_says_at_their_length(make_engine):

@@ -1,5 +1,6 @@
 """Kev's GEMM (kernels/linear_gemm.cpp): the product itself, and a row's bits at every M (1 included),
-under any thread count, with and without bias, for shapes whose width is not a multiple of 16."""
+under any thread count, with and without bias, for shapes whose width is not a multiple of 16; in fp32,
+bf16 and int8 (weight-only, per-column scale), and the packing's way back (unpack, embedding rows)."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from kev.model.kernels import load_cpu_kernels
 from kev.model.linear import GemmWeight, can_use_kev_gemm
 from kev.model.model_store import cache_root
+from kev.model.quantize import quantize_rows
 from kev.model.row_invariance import probe_data
 
 SHAPES = [(576, 960), (1536, 576), (64, 40), (576, 49152 // 16)]  # (in, out): 40 and 3072 as 16-column tails
@@ -28,7 +30,7 @@ def test_the_product_matches_fp32_reference(gemm_ready, dtype, shape):
     weight = (torch.randn(out_features, in_features, generator=gen) * 0.05).to(dtype)
     bias = torch.randn(out_features, generator=gen).to(dtype)
     x = torch.randn(37, in_features, generator=gen).to(dtype)
-    got = GemmWeight(weight, bias)(x)
+    got = GemmWeight(weight, bias, None)(x)
     want = x.float() @ weight.float().T + bias.float()
     assert got.dtype == dtype and got.shape == (37, out_features)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
@@ -44,7 +46,7 @@ def test_a_rows_bits_never_depend_on_m(gemm_ready, dtype, threads):
         for in_features, out_features in SHAPES[:3]:
             gen = torch.Generator().manual_seed(in_features)
             packed = GemmWeight(torch.randn(out_features, in_features, generator=gen).to(dtype),
-                                torch.randn(out_features, generator=gen).to(dtype))
+                                torch.randn(out_features, generator=gen).to(dtype), None)
             x = probe_data(80, in_features, 1).to(dtype)  # subnormals, zeros and large values
             reference = packed(x)
             for m in (1, 2, 3, 5, 6, 7, 13, 16, 33, 64, 79):
@@ -52,3 +54,53 @@ def test_a_rows_bits_never_depend_on_m(gemm_ready, dtype, threads):
                     assert torch.equal(packed(x[start:start + m]), reference[start:start + m]), (in_features, m, start)
     finally:
         torch.set_num_threads(before)
+
+
+def int8_weight(shape: tuple[int, int], seed: int, bias: bool = True) -> tuple[GemmWeight, torch.Tensor, torch.Tensor,
+                                                                               torch.Tensor | None]:
+    in_features, out_features = shape
+    gen = torch.Generator().manual_seed(seed)
+    q, scale = quantize_rows(torch.randn(out_features, in_features, generator=gen) * 0.05)
+    b = torch.randn(out_features, generator=gen) if bias else None
+    return GemmWeight(q, b, scale), q, scale, b
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_int8_product_is_the_scaled_integer_product(gemm_ready, shape):
+    packed, q, scale, bias = int8_weight(shape, 1)
+    x = torch.randn(37, shape[0], generator=torch.Generator().manual_seed(2)).bfloat16()
+    want = (x.float() @ q.float().T) * scale + bias
+    for rows in (1, 2, 5, 37):  # in registers (<= 6 rows) and through the widened panel
+        got = packed(x[:rows])
+        assert got.dtype == torch.bfloat16
+        assert ((got.float() - want[:rows]).abs().max() / want.abs().max()).item() < 1e-2
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_rows_bits_never_depend_on_m_and_match_bf16_integers(gemm_ready, threads):
+    """int8 runs the bf16 kernel's very sum on the widened integers: a row's bits equal bf16's on q (then × scale)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for shape in SHAPES[:3]:
+            packed, q, scale, _ = int8_weight(shape, shape[0], bias=False)
+            x = probe_data(80, shape[0], 1).bfloat16()
+            reference = packed(x)
+            unit = GemmWeight(q, None, torch.ones_like(scale))  # × 1.0 is exact: the sum itself shows
+            assert torch.equal(unit(x), GemmWeight(q.bfloat16(), None, None)(x))
+            for m in (1, 2, 3, 4, 5, 6, 7, 13, 16, 33, 64, 79):
+                for start in range(0, 80 - m + 1, max(m, 7)):
+                    assert torch.equal(packed(x[start:start + m]), reference[start:start + m]), (shape, m, start)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_the_packing_gives_the_weight_back(gemm_ready, dtype):
+    in_features, out_features = 64, 40
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(3))
+    weight = quantize_rows(weight)[0] if dtype == torch.int8 else weight.to(dtype)
+    packed = GemmWeight(weight, None, torch.ones(out_features) if dtype == torch.int8 else None)
+    assert torch.equal(packed.unpack(), weight)
+    ids = torch.tensor([0, 15, 16, 39, 7])
+    assert torch.equal(packed.rows(ids), weight[ids])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kev.engine.packer import TilePlan
-from kev.model.linear import tiled_matmul
+from kev.model.linear import Linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
 
@@ -15,14 +15,15 @@ SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
 def test_row_bits_independent_of_neighbours(dtype, tile):
     gen = torch.Generator().manual_seed(tile)
     for in_features, out_features in SHAPES:
-        weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
+        linear = Linear(in_features, out_features, bias=False)
+        linear.weight.data = torch.randn(out_features, in_features, generator=gen).to(dtype)
         row = torch.randn(1, in_features, generator=gen).to(dtype)
-        alone = tiled_matmul(torch.cat([row, row.new_zeros(tile - 1, in_features)]), weight, None, [tile])[0]
+        alone = linear(torch.cat([row, row.new_zeros(tile - 1, in_features)]), [tile])[0]
         for position in (0, tile // 2, tile - 1):
             neighbours = torch.randn(tile, in_features, generator=gen).to(dtype)
             neighbours[position] = row[0]
             batch = torch.cat([torch.randn(3 * tile, in_features, generator=gen).to(dtype), neighbours])
-            out = tiled_matmul(batch, weight, None, [tile] * 4)
+            out = linear(batch, [tile] * 4)
             assert torch.equal(out[3 * tile + position], alone), (in_features, out_features, position)
 
 

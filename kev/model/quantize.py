@@ -1,0 +1,72 @@
+"""core.precision int8: weight-only, symmetric, one scale per output channel.
+
+Every Linear's weight (the token table included: a tied model's head is the table) becomes int8 with
+an fp32 scale per row, W ≈ q · scale. Activations, norms and K/V stay in the compute dtype (bf16; fp16
+on CUDA without bf16). Quantizing happens once per model: the result is cached as safetensors under
+$KEV_CACHE_DIR/int8, keyed by the source weights' files, so the next load reads half the bytes and
+skips the rounding.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from kev.model.linear import Linear
+from kev.model.llama import LlamaModel
+
+SCALE_SUFFIX = ".scale"
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 q, fp32 scale) with weight ≈ q · scale[:, None]: each row's largest magnitude maps to 127."""
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+def linear_names(model: LlamaModel) -> list[str]:
+    return [name for name, module in model.named_modules() if isinstance(module, Linear)]
+
+
+def quantize_state(state: dict[str, torch.Tensor], model: LlamaModel) -> dict[str, torch.Tensor]:
+    """The state with every Linear's weight int8 and its scale beside it (as `<linear>.scale`)."""
+    out = dict(state)
+    for name in linear_names(model):
+        out[f"{name}.weight"], out[name + SCALE_SUFFIX] = quantize_rows(state[f"{name}.weight"])
+    return out
+
+
+def split_scales(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the module state, {linear name: scale})."""
+    scales = {k.removesuffix(SCALE_SUFFIX): v for k, v in state.items() if k.endswith(SCALE_SUFFIX)}
+    return {k: v for k, v in state.items() if not k.endswith(SCALE_SUFFIX)}, scales
+
+
+def attach_scales(model: LlamaModel, scales: dict[str, torch.Tensor], device: torch.device) -> None:
+    for name, module in model.named_modules():
+        if isinstance(module, Linear):
+            module.scale = scales[name].float().to(device)
+
+
+def cache_path(folder: Path, cache: Path) -> Path:
+    """Where a folder's int8 weights are kept: keyed by its weight files' names, sizes and times."""
+    digest = hashlib.sha256(str(folder.resolve()).encode())
+    for file in sorted(folder.glob("*.safetensors")):
+        st = file.stat()
+        digest.update(f"{file.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return cache / "int8" / f"{folder.name}-{digest.hexdigest()[:12]}.safetensors"
+
+
+def read_cached(path: Path) -> dict[str, torch.Tensor] | None:
+    return load_file(path) if path.is_file() else None
+
+
+def write_cache(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Written to a temporary name first: a half-written file is never read as a cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(partial))
+    partial.replace(path)

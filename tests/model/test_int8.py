@@ -1,0 +1,108 @@
+"""core.precision int8 (weight-only, per output channel): what it holds, how close it stays to bf16, the cache of
+quantized weights, and batch invariance exactly as in bf16."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import kev
+from kev.cli.main import main
+from kev.engine.engine_setup import build_parts
+from kev.isolation.memory_plan import inputs_for, make_plan, shape_of
+from kev.isolation.verify import VERIFY_QUESTIONS, VerifyOptions, run_verify
+from kev.model import weights
+from kev.model.linear import GemmWeight
+from kev.model.model_store import resolve_model_path
+from kev.model.quantize import quantize_rows
+
+SMALL = {"core": {"max_context": 256, "prefill_chunk": 32, "max_step_tokens": 128},
+         "router": {"max_parallel_queries": 6, "channel_pool_size": 8, "default_timeout_ms": 600_000,
+                    "strategy": "round_robin"}}
+
+
+def config(precision: str, **core: object) -> kev.KevConfig:
+    return kev.load_config(SMALL, {"core": {"precision": precision, **core}})
+
+
+@pytest.fixture(scope="module")
+def int8_engine():
+    engine = kev.Engine(config("int8"), record_logits=True, background=False)
+    yield engine
+    engine.close()
+
+
+def test_quantize_rows_is_symmetric_per_row():
+    weight = torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [3.0, 1.5, -3.0]])
+    q, scale = quantize_rows(weight)
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32
+    assert q.abs().amax(1).tolist() == [127, 0, 127]
+    assert torch.allclose(q.float() * scale[:, None], weight, atol=float(scale.max()) / 2)
+
+
+def test_int8_holds_what_the_plan_says_and_about_half_of_bf16(int8_engine):
+    model = int8_engine.runner.model
+    assert model.dtype == torch.bfloat16  # activations and K/V
+    assert int8_engine.runner.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
+    plan = make_plan(inputs_for(int8_engine.config, shape_of(model.config)))
+    assert plan.weights_bytes == model.weight_bytes()
+    bf16_plan = make_plan(inputs_for(config("bf16"), shape_of(model.config)))
+    assert model.weight_bytes() <= 0.55 * bf16_plan.weights_bytes
+    packed = [m.packed for m in model.modules() if isinstance(getattr(m, "packed", None), GemmWeight)]
+    assert packed and all(p.packed.dtype == torch.int8 for p in packed)
+
+
+def test_int8_answers_in_strict_equal_solo_bit_for_bit(int8_engine):
+    report = run_verify(int8_engine, VerifyOptions(VERIFY_QUESTIONS[:4], trials=2, max_tokens=4, seed=3))
+    assert report.ok, report.to_dict()
+    assert report.identical == report.comparisons and report.max_abs_logit_diff == 0.0
+
+
+def test_int8_logits_stay_close_to_bf16(int8_engine):
+    prompt = "The capital of France is Paris. The capital of Germany is"
+    int8_ids = int8_engine.submit([prompt], max_tokens=1, temperature=0.0)
+    [int8_result] = int8_engine.wait(int8_ids)
+    bf16 = kev.Engine(config("bf16"), record_logits=True, background=False)
+    try:
+        [bf16_result] = bf16.wait(bf16.submit([prompt], max_tokens=1, temperature=0.0))
+    finally:
+        bf16.close()
+    a, b = int8_result.logits[0].float(), bf16_result.logits[0].float()
+    assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.99
+    assert int8_result.token_ids == bf16_result.token_ids
+
+
+def test_torch_ops_path_matches_kevs_kernel_closely(int8_engine):
+    """core.kernels torch (CUDA's route too): int8 widened by torch, the scale after the sum."""
+    model = int8_engine.runner.model
+    engine = kev.Engine(config("int8", kernels="torch"), build_parts(config("int8", kernels="torch"), model,
+                                                                      int8_engine.tokenizer), record_logits=True,
+                        background=False)
+    prompt = "Name three colours."
+    try:
+        [torch_result] = engine.wait(engine.submit([prompt], max_tokens=3, temperature=0.0))
+    finally:
+        engine.close()
+        build_parts(int8_engine.config, model, int8_engine.tokenizer)  # Kev's kernels back for the module engine
+    [kev_result] = int8_engine.wait(int8_engine.submit([prompt], max_tokens=3, temperature=0.0))
+    a, b = torch_result.logits[0].float(), kev_result.logits[0].float()
+    assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.999
+
+
+def test_quantized_weights_are_cached_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(weights, "cache_root", lambda: tmp_path)
+    folder = resolve_model_path("smollm2-135m-instruct")
+    first = weights.load_model(folder, "int8", torch.device("cpu"), 64)
+    [cached] = (tmp_path / "int8").glob("*.safetensors")
+    monkeypatch.setattr(weights, "quantize_state", lambda *_: pytest.fail("quantized again despite the cache"))
+    second = weights.load_model(folder, "int8", torch.device("cpu"), 64)
+    for a, b in zip(first.state_dict().values(), second.state_dict().values()):
+        assert torch.equal(a, b)
+    assert torch.equal(first.embed_tokens.scale, second.embed_tokens.scale)
+    assert cached.stat().st_size < 0.55 * 2 * first.config.num_params
+
+
+def test_plan_cli_agrees_with_the_engine(int8_engine, capsys):
+    main(["plan", "--precision", "int8", "--json"])
+    assert json.loads(capsys.readouterr().out)["weights_bytes"] == int8_engine.runner.model.weight_bytes()
