@@ -25,7 +25,7 @@ from kev.model.llama import LlamaModel
 @dataclass
 class PathResult:
     n: int
-    path: str  # "kev" | "serial" | "hf_batch" | "vllm" | "kev_non_invariant"
+    path: str  # "kev" | "serial" | "hf_batch" | "vllm" | "kev_non_invariant" | "kev_<precision>"
     tokens: int
     seconds: float
     identical_to_solo: str
@@ -40,13 +40,16 @@ class PathResult:
 
 def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: Any | None,
                    fused: Engine | None = None, against_vllm: bool = False,
-                   on_progress: Callable[[str, float, float], None] | None = None) -> dict[str, Any]:
+                   on_progress: Callable[[str, float, float], None] | None = None,
+                   other_precision: Engine | None = None) -> dict[str, Any]:
     """fused: the same engine with batch_invariant off, run at the largest N to price invariance.
     against_vllm: vLLM's CPU build on the same prompt ids, in its own process (bench/vllm_runner.py).
+    other_precision: Kev at another core.precision (its own weights), at every N beside the first, its answers
+    against its own solo answers (path kev_<precision>).
     on_progress(label, runs done, runs in all): after each solo question and each N."""
     questions = (BENCH_QUESTIONS * (max(sizes) // len(BENCH_QUESTIONS) + 1))[: max(sizes)]
     options = {"max_tokens": max_tokens, "ignore_eos": True, "timeout_ms": 600_000}
-    total = len(questions) + len(sizes) + (fused is not None)
+    total = len(questions) + len(sizes) + (fused is not None) + (other_precision is not None) * len(sizes)
     tick = on_progress or (lambda label, done, total: None)
     tick("warm-up", 0, total)
     engine.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})  # warm-up
@@ -77,6 +80,9 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
             results.append(PathResult(n, "hf_batch", n * max_tokens, seconds, f"{same}/{n}"))
     if against_vllm:
         results += _vllm_paths(engine, sizes, prompts, max_tokens)
+    if other_precision is not None:
+        results += _other_precision_paths(other_precision, questions, sizes, options, steps,
+                                          lambda label, i: tick(label, len(questions) + len(sizes) + i, total))
     ratios = _ratios(results, sizes)
     if fused is not None:
         n = max(sizes)
@@ -90,6 +96,24 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
         kev_rate = next(r.tok_per_s for r in results if r.n == n and r.path == "kev")
         ratios[str(n)]["kev_over_non_invariant"] = round(kev_rate / results[-1].tok_per_s, 2)
     return {"results": [r.to_dict() for r in results], "ratios": ratios, "decode_steps": steps}
+
+
+def _other_precision_paths(engine: Engine, questions: list[str], sizes: list[int], options: dict[str, Any],
+                           steps: dict[str, dict[str, float]], tick: Callable[[str, int], None]) -> list[PathResult]:
+    path = f"kev_{engine.config.core.resolved_precision}"
+    engine.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})  # warm-up
+    results = []
+    for i, n in enumerate(sizes):
+        tick(f"N={n}: {path}", i)
+        first_step = engine.stats.num_steps
+        started = time.perf_counter()
+        answers = engine.generate(questions[:n], timeout=3600, **options)
+        seconds = time.perf_counter() - started
+        steps[f"{n} {path}"] = _decode_step_vs_bound(engine, n, engine.stats.num_steps - first_step)
+        solo = [engine.generate([q], timeout=3600, **options)[0].token_ids for q in questions[:n]]
+        same = sum(a.token_ids == s for a, s in zip(answers, solo))
+        results.append(PathResult(n, path, sum(a.completion_tokens for a in answers), seconds, f"{same}/{n}"))
+    return results
 
 
 def _decode_step_vs_bound(engine: Engine, n: int, num_steps: int) -> dict[str, float]:
@@ -146,6 +170,8 @@ def _ratios(results: list[PathResult], sizes: list[int]) -> dict[str, dict[str, 
         for anchor in ("hf_batch", "vllm"):
             if anchor in by_path:
                 ratios[str(n)][f"kev_over_{anchor}"] = round(by_path["kev"] / by_path[anchor], 2)
+        for other in (path for path in by_path if path.startswith("kev_") and path != "kev_non_invariant"):
+            ratios[str(n)][f"{other}_over_kev"] = round(by_path[other] / by_path["kev"], 2)
     return ratios
 
 

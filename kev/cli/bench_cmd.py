@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1,4,8,16", help="numbers of questions, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per question (EOS ignored)")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face batch path")
+    parser.add_argument("--compare-precision", choices=["fp32", "bf16", "int8"],
+                        help="also run Kev at this core.precision (its own weights) at every N, side by side")
     parser.add_argument("--no-invariance-cost", action="store_true",
                         help="skip the non-invariant Kev run that prices batch invariance")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -60,9 +62,14 @@ def run(args: argparse.Namespace) -> int:
             fused_config = load_config(config, {"core": {"batch_invariant": False}})
             fused = Engine(fused_config, build_parts(fused_config, engine.runner.model, engine.tokenizer),
                            background=False)
-        report = run_throughput(engine, sizes, args.max_tokens, hf, fused, "vllm" in args.against, bar)
-        if fused is not None:
-            fused.close()
+        other = None
+        if args.compare_precision:
+            bar(f"loading the model at {args.compare_precision}", 0, 1)
+            other = Engine(load_config(config, {"core": {"precision": args.compare_precision}}), background=False)
+        report = run_throughput(engine, sizes, args.max_tokens, hf, fused, "vllm" in args.against, bar, other)
+        for extra in (fused, other):
+            if extra is not None:
+                extra.close()
     report = {**run_facts(config), "max_tokens": args.max_tokens, **report}
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -78,23 +78,24 @@ class GemmWeight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.kev.linear(x.contiguous(), self.packed, self.bias, self.scale, self.out_features)
 
-    def _blocks(self) -> torch.Tensor:
-        """The packing as [blocks, k steps, 16 columns, k per step] in the weight's dtype (a view; int8: the
-        packing's bytes, still sign-magnitude)."""
-        blocks, steps = self.packed.shape[:2]
+    def _blocks(self, packed: torch.Tensor) -> torch.Tensor:
+        """Packed blocks [n, k steps, ...] as [n, k steps, 16 columns, k per step] in the weight's dtype (int8: the
+        bytes, still sign-magnitude; a copy, so pick the blocks first)."""
+        blocks, steps = packed.shape[:2]
         if self.dtype == torch.int8:
-            grouped = self.packed.view(blocks, steps // 2, 4, 2, 8).permute(0, 1, 3, 2, 4)
+            grouped = packed.view(blocks, steps // 2, 4, 2, 8).permute(0, 1, 3, 2, 4)
             return grouped.reshape(blocks, steps, 16, 2)
-        return self.packed.view(self.dtype).view(blocks, steps, 16, -1)
+        return packed.view(self.dtype).view(blocks, steps, 16, -1)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Weight rows `ids` (an embedding lookup on a tied head), exactly as given to the packing."""
-        picked = self._blocks()[ids // 16, :, ids % 16].reshape(ids.numel(), self.in_features)
+        picked = self._blocks(self.packed[ids // 16])  # [ids, k steps, 16, k per step]: each id's whole block
+        picked = picked[torch.arange(ids.numel()), :, ids % 16].reshape(ids.numel(), self.in_features)
         return _from_sign_magnitude(picked) if self.dtype == torch.int8 else picked
 
     def unpack(self) -> torch.Tensor:
         """The weight [out_features, in_features] back from the packing."""
-        weight = self._blocks().permute(0, 2, 1, 3).reshape(-1, self.in_features)[: self.out_features]
+        weight = self._blocks(self.packed).permute(0, 2, 1, 3).reshape(-1, self.in_features)[: self.out_features]
         return _from_sign_magnitude(weight) if self.dtype == torch.int8 else weight.contiguous()
 
 
