@@ -22,7 +22,7 @@ from kev.server.openai_models import ChatCompletionBody, CompletionBody
 
 @dataclass(frozen=True)
 class BatchRequest:
-    """One line, ready for Backend.submit: each candidate of each prompt is a question, one channel each."""
+    """One line, ready for EngineBridge.submit: each candidate of each prompt is a question, one channel each."""
 
     line: BatchLine
     queries: list[Any]

@@ -23,7 +23,7 @@ from kev.batch.server_batches import BatchManager
 from kev.batch.store import BatchStore
 from kev.errors import KevError
 from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_tokenizer
-from kev.server.backend import build_backend
+from kev.server.backend import EngineFactory, build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
@@ -32,7 +32,6 @@ from kev.server.playground import routes as playground
 from kev.server.service import KevService
 
 log = logging.getLogger("kev.server")
-EngineFactory = Callable[[KevConfig], Any]  # config -> an Engine (or anything with its API)
 
 
 def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory | None = None,
