@@ -37,5 +37,6 @@ def default_max_inflight(config: KevConfig) -> int:
     one frees (as if everything had been submitted at once); one request per channel measured ~12% slower."""
     if config.batch.max_inflight is not None:
         return config.batch.max_inflight
-    engines = {"multi_gpu": len(config.deploy.devices), "distributed": config.deploy.num_partitions}.get(config.deploy.mode, 1)
+    deploy = config.deploy
+    engines = {"multi_gpu": len(deploy.devices), "distributed": deploy.num_partitions}.get(deploy.mode, 1)
     return 2 * config.router.channel_pool_size * (1 + config.router.channel_queue_depth) * max(engines, 1)

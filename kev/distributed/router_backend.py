@@ -186,17 +186,19 @@ class DistributedBackend:
         if not prepared:
             return
         now, deploy, topology, request_id = time.time(), self.config.deploy, self.link.topology, request.request_id
-        expires = {p.index: None if p.timeout_ms is None else now + (deploy.queue_timeout_ms + p.timeout_ms) / 1000 + GRACE_S
-                   for p in prepared}
+        strategy = self.placer.router.strategy_name
+        expires = {p.index: None if p.timeout_ms is None
+                   else now + (deploy.queue_timeout_ms + p.timeout_ms) / 1000 + GRACE_S for p in prepared}
         record = RequestRecord(request_id=request_id, reply=self.router_id, num_questions=request.num_questions,
-                               isolation=request.isolation, strategy=self.placer.router.strategy_name, questions=[
-                                   QuestionRecord(index=p.index, expires_at=expires[p.index], original_text=p.original_text,
-                                                  hash_bucket=p.features.bucket, category=p.features.category)
+                               isolation=request.isolation, strategy=strategy, questions=[
+                                   QuestionRecord(index=p.index, expires_at=expires[p.index],
+                                                  original_text=p.original_text, hash_bucket=p.features.bucket,
+                                                  category=p.features.category)
                                    for p in prepared])
         await self.link.put_record(request_id, record)
         items = [(topology.partition_subject(pl.channel_id) if pl else topology.overflow_subject,
-                  WorkItem(request_id=request_id, index=p.index, question=p.question, options=options, reply=self.router_id,
-                           strategy=self.placer.router.strategy_name, rerouted=bool(pl and pl.rerouted),
+                  WorkItem(request_id=request_id, index=p.index, question=p.question, options=options,
+                           reply=self.router_id, strategy=strategy, rerouted=bool(pl and pl.rerouted),
                            submitted_at=now, expires_at=expires[p.index]))
                  for p, pl in zip(prepared, placements)]
         await asyncio.gather(*(self._publish_one(subject, item, pl) for (subject, item), pl in zip(items, placements)))

@@ -103,7 +103,8 @@ class KevService:
         if not self.registry.reserve():
             self.metrics.rejects.labels("server_busy").inc()
             raise ApiError(429, f"server busy: {self.registry.num_inflight} requests in flight; the limit is "
-                                f"server.max_inflight_requests={self.registry.max_inflight}", None, headers=self.retry_after)
+                                f"server.max_inflight_requests={self.registry.max_inflight}", None,
+                           headers=self.retry_after)
         options = {"max_tokens": self.limits.default_max_tokens, **options}
         started = time.monotonic()
         try:
@@ -124,7 +125,8 @@ class KevService:
             self.registry.unreserve()
         tracked = Tracked(request_id, backend.watch(request_id, len(queries), listen), retained)
         if self.config.server.access_log:  # set before the loop runs again, so before the watch can finish
-            tracked.watch.on_finish = lambda watch: log_access(request_id, api, watch.statuses, started, tracked.cancelled)
+            tracked.watch.on_finish = lambda watch: log_access(request_id, api, watch.statuses, started,
+                                                               tracked.cancelled)
         self.registry.add(tracked)
         self.metrics.requests.labels(api).inc()
         return tracked
