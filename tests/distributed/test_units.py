@@ -29,7 +29,8 @@ from kev.server.watch import Watch
 
 
 def item(**changes: object) -> WorkItem:
-    fields = {"request_id": "r1", "index": 0, "question": "hi", "reply": "router1", "submitted_at": 1.0, "expires_at": 2.0}
+    fields = {"request_id": "r1", "index": 0, "question": "hi", "reply": "router1", "submitted_at": 1.0,
+              "expires_at": 2.0}
     return WorkItem(**{**fields, **changes})  # type: ignore[arg-type]
 
 
@@ -147,7 +148,8 @@ def test_a_worker_answer_counts_its_waits_from_the_routers_submit() -> None:
     item = WorkItem(request_id="r3", index=0, question="q", reply="router", submitted_at=100.0, expires_at=999.0)
     engine_result = Result("engine-rid", 0, status="ok", started_at=102.5, queue_ms=500.0, ttft_ms=800.0, tpot_ms=40.0)
     answer = Job(item, Msg(None, subject="work"), "w0").answer(engine_result).result  # a plain NATS message
-    assert (answer["queue_ms"], answer["ttft_ms"], answer["tpot_ms"]) == (2500.0, 2800.0, 40.0), "the stream wait included"
+    waits = (answer["queue_ms"], answer["ttft_ms"], answer["tpot_ms"])
+    assert waits == (2500.0, 2800.0, 40.0), "the stream wait included"
 
 
 def test_cluster_counters_keep_a_gone_workers_count_and_gauges_drop_it() -> None:
