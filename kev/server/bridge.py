@@ -2,7 +2,9 @@
 
 The engine is an Engine (single mode), a ReplicaEngine (multi_gpu) or a cluster's router
 (DistributedBackend, distributed mode); the routes cannot tell them apart, which is why a
-client cannot either. Blocking engine calls run in a thread pool. The bridge subscribes once to the engine's event
+client cannot either.
+
+Blocking engine calls run in a thread pool. The bridge subscribes once to the engine's event
 stream and routes each event to its request's Watch: a final event counts its result in the
 metrics; a delta goes to the loop only when a caller streams (no per-token wake-ups otherwise).
 A watch always ends, because every question finishes (answer, timeout or cancel), which is why
