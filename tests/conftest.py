@@ -1,4 +1,5 @@
-"""Shared fixtures: one real default-model engine per test session (loading takes seconds), and real `kev serve` processes."""
+"""Shared fixtures: one real default-model engine per test session (loading takes seconds), and real `kev serve`
+processes."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -34,7 +35,8 @@ def make_engine(default_model):
                                   "core": {"precision": "fp32"}},
                                  overrides or {})
         model, tokenizer = default_model
-        engine = kev.Engine(config, build_parts(config, model, tokenizer), record_logits=record_logits, background=background)
+        engine = kev.Engine(config, build_parts(config, model, tokenizer), record_logits=record_logits,
+                            background=background)
         engines.append(engine)
         return engine
 

@@ -6,16 +6,16 @@ import time
 
 from kev.config import KevConfig
 from kev.errors import UnavailableError
-from kev.server.backend import Backend, build_backend
+from kev.server.backend import build_backend
+from kev.server.bridge import EngineBridge
 from kev.server.metrics import ServerMetrics
 
 CONNECT_TIMEOUT_S = 60.0
 
 
-async def open_backend(config: KevConfig) -> Backend:
+async def open_backend(config: KevConfig) -> EngineBridge:
     """Loads the model (or, distributed, the router's tokenizer) and connects; the same seam `kev serve` uses."""
     backend = await asyncio.to_thread(build_backend, config, ServerMetrics(), None)
-    backend.start()
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while backend.unavailable is not None:  # distributed: until the link to NATS is up
         if time.monotonic() > deadline:
@@ -26,7 +26,7 @@ async def open_backend(config: KevConfig) -> Backend:
     return backend
 
 
-async def close_backend(backend: Backend) -> None:
+async def close_backend(backend: EngineBridge) -> None:
     """Cancel what is left and let the backend go."""
     await backend.shutdown()
 
@@ -37,5 +37,6 @@ def default_max_inflight(config: KevConfig) -> int:
     one frees (as if everything had been submitted at once); one request per channel measured ~12% slower."""
     if config.batch.max_inflight is not None:
         return config.batch.max_inflight
-    engines = {"multi_gpu": len(config.deploy.devices), "distributed": config.deploy.num_partitions}.get(config.deploy.mode, 1)
+    deploy = config.deploy
+    engines = {"multi_gpu": len(deploy.devices), "distributed": deploy.num_partitions}.get(deploy.mode, 1)
     return 2 * config.router.channel_pool_size * (1 + config.router.channel_queue_depth) * max(engines, 1)

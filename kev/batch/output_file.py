@@ -49,7 +49,8 @@ def resume(path: Path) -> Resumed:
         if key is None:
             raise KevError(f"{path} line {number}: not a batch output line; is it the output of another file?")
         if key in found.keys:
-            raise KevError(f"{path} line {number}: custom_id {key!r} appears twice; the file was not written by kev batch")
+            raise KevError(f"{path} line {number}: custom_id {key!r} appears twice; "
+                           "the file was not written by kev batch")
         found.keys.add(key)
         found.num_failed += is_failure(record)
         prompt, completion = usage_of(record)

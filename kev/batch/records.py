@@ -1,4 +1,5 @@
-"""Output lines in OpenAI's Batch output format: {"id", "custom_id", "response": {status_code, request_id, body}, "error"}."""
+"""Output lines in OpenAI's Batch output format:
+{"id", "custom_id", "response": {status_code, request_id, body}, "error"}."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,8 @@ def answer_record(request: BatchRequest, request_id: str, results: list[Result],
                                request_id)
     prefix = "chatcmpl-" if request.kind == "chat" else "cmpl-"
     echo = None if request.echo is None else tuple(
-        p if isinstance(p, str) else (tokenizer.decode(p, skip_special_tokens=False) if tokenizer else "") for p in request.echo)
+        p if isinstance(p, str) else (tokenizer.decode(p, skip_special_tokens=False) if tokenizer else "")
+        for p in request.echo)
     reply = Reply(request.kind, prefix + request_id, int(time.time()), model, request.n, request.logprobs, echo)
     usage = reply.usage(results)  # every candidate's tokens count, as OpenAI bills best_of
     if request.keep < request.n:
@@ -38,7 +40,8 @@ def answer_record(request: BatchRequest, request_id: str, results: list[Result],
 
 
 def _refused_field(request: BatchRequest, failed: Result) -> tuple[str, str]:
-    """The body field a prompt refused at submit is about, and the message without the engine's prefix (as the route)."""
+    """The body field a prompt refused at submit is about, and the message without the engine's prefix
+    (as the route says it)."""
     error = failed.error or "invalid"
     head = error.split(":", 1)[0]
     field = "messages" if request.kind == "chat" else "prompt" if request.single_prompt else \
@@ -56,7 +59,9 @@ def response_record(custom_id: str, status_code: int, body: dict[str, Any], requ
 
 
 def invalid_record(err: LineError) -> dict[str, Any]:
-    """A line refused before compute (kev batch --skip-invalid). An unreadable line has no custom_id: `line` says which."""
+    """A line refused before compute (kev batch --skip-invalid).
+
+    An unreadable line has no custom_id: `line` says which."""
     if err.custom_id is None:
         return {"id": new_id(), "custom_id": None, "response": None,
                 "error": {"code": "invalid_line", "message": str(err), "line": err.line_no}}

@@ -22,7 +22,7 @@ from kev.server.openai_models import ChatCompletionBody, CompletionBody
 
 @dataclass(frozen=True)
 class BatchRequest:
-    """One line, ready for Backend.submit: each candidate of each prompt is a question, one channel each."""
+    """One line, ready for EngineBridge.submit: each candidate of each prompt is a question, one channel each."""
 
     line: BatchLine
     queries: list[Any]
@@ -95,13 +95,15 @@ class RequestBuilder:
             self.limits.check_chars(len(prompt), "prompt" if body_.is_single else f"prompt[{i}]")
         queries = body_.engine_queries()
         options = {**body_.engine_options(max_tokens), **body_.logprob_options(max_tokens)}
-        return BatchRequest(line, queries, _ranked(options, body_.num_candidates, body_.n), "text", body_.num_candidates,
-                            body_.n, body_.logprobs is not None, tuple(prompts) if body_.echo else None, body_.is_single,
-                            body_.structure()[0])
+        return BatchRequest(line, queries, _ranked(options, body_.num_candidates, body_.n), "text",
+                            body_.num_candidates, body_.n, body_.logprobs is not None,
+                            tuple(prompts) if body_.echo else None, body_.is_single, body_.structure()[0])
 
-    def _check(self, model: str, stream: bool, num_questions: int, max_tokens: int | None, timeout_ms: int | None) -> None:
+    def _check(self, model: str, stream: bool, num_questions: int, max_tokens: int | None,
+               timeout_ms: int | None) -> None:
         if model != self.model_name:
-            raise ApiError(404, f"model: {model!r} is not served here (this server serves {self.model_name!r})", "model")
+            raise ApiError(404, f"model: {model!r} is not served here (this server serves {self.model_name!r})",
+                           "model")
         if stream:
             raise ApiError(400, "stream: a batch line cannot stream (its answer is one output line)", "stream")
         self.limits.check_count(num_questions, "n")

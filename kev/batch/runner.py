@@ -1,4 +1,4 @@
-"""BatchRunner: a job's requests through a Backend (an engine, replicas or a cluster), at most max_inflight at once.
+"""BatchRunner: a job's requests through the backend (an engine, replicas or a cluster), at most max_inflight at once.
 
 Nothing blocks on one request: each line is a task that submits, waits for its answer and
 hands the output line to `emit` (completion order, or input order with `ordered`, holding back
@@ -18,7 +18,7 @@ from kev.aggregator.result import Result
 from kev.batch.records import answer_record, response_record
 from kev.batch.requests import BatchRequest
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError
-from kev.server.backend import Backend
+from kev.server.bridge import EngineBridge
 from kev.server.errors import error_body
 
 log = logging.getLogger("kev.batch")
@@ -27,7 +27,7 @@ RETRY_S = (0.05, 0.2, 1.0)  # backoff while the pool is full or the queue unreac
 
 
 class BatchRunner:
-    def __init__(self, backend: Backend, model_name: str, max_inflight: int, ordered: bool = False) -> None:
+    def __init__(self, backend: EngineBridge, model_name: str, max_inflight: int, ordered: bool = False) -> None:
         self.backend, self.model_name = backend, model_name
         self.max_inflight, self.ordered = max_inflight, ordered
 

@@ -21,7 +21,7 @@ from kev.batch.records import is_failure
 from kev.batch.requests import BatchRequest, RequestBuilder, build_all
 from kev.batch.runner import BatchRunner
 from kev.batch.store import BatchStore
-from kev.server.backend import Backend
+from kev.server.bridge import EngineBridge
 
 if TYPE_CHECKING:
     from kev.server.service import KevService
@@ -178,7 +178,7 @@ class BatchManager:
             outputs.close()
             failures.close()
 
-    async def _backend(self, stop: asyncio.Event) -> Backend | None:
+    async def _backend(self, stop: asyncio.Event) -> EngineBridge | None:
         """The server's backend once it is ready (the model may still be loading after a restart)."""
         while not stop.is_set():
             if self.service.is_ready and self.service.backend is not None:

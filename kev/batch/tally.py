@@ -49,8 +49,8 @@ class Tally:
         return {"requests": self.total, "done": self.num_done, "ok": self.num_done - self.num_failed,
                 "failed": self.num_failed, "resumed": self.num_resumed, "remaining": self.total - self.num_done,
                 "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "wall_s": round(self.elapsed_s, 3), "load_s": round(self.load_s, 3), "completion_tokens_per_s": round(self.tokens_per_s, 2),
-                "interrupted": self.interrupted}
+                "wall_s": round(self.elapsed_s, 3), "load_s": round(self.load_s, 3),
+                "completion_tokens_per_s": round(self.tokens_per_s, 2), "interrupted": self.interrupted}
 
     def summary_line(self) -> str:
         head = "interrupted" if self.interrupted else "done"

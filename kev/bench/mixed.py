@@ -22,17 +22,19 @@ def run_mixed(engine: Engine, max_tokens: int, against_vllm: bool, num_long: int
     answers = engine.generate(questions, timeout=3600, **options)
     kev_seconds = time.perf_counter() - started
     solo = [engine.generate([q], timeout=3600, **options)[0].token_ids for q in questions]
-    rows: list[dict[str, Any]] = [{"path": "kev", "questions": len(questions), "completion_tokens": sum(a.completion_tokens for a in answers),
-             "seconds": round(kev_seconds, 3),
-             "identical_to_solo": f"{sum(a.token_ids == s for a, s in zip(answers, solo))}/{len(questions)}"}]
+    rows: list[dict[str, Any]] = [{"path": "kev", "questions": len(questions),
+                                   "completion_tokens": sum(a.completion_tokens for a in answers),
+                                   "seconds": round(kev_seconds, 3),
+                                   "identical_to_solo": f"{sum(a.token_ids == s for a, s in zip(answers, solo))}/"
+                                                        f"{len(questions)}"}]
     if against_vllm:
         out = run_vllm(model_folder(engine), engine.config.core.resolved_precision, engine.config.core.max_context,
                        [VllmBatch("mixed", prompts, max_tokens, False)], solo="mixed")
         batch = out["batches"][0]
         same = sum(a == s for a, s in zip(batch["token_ids"], out["solo"]))
         rows.append({"path": "vllm", "questions": len(questions),
-                     "completion_tokens": sum(len(t) for t in batch["token_ids"]), "seconds": round(batch["seconds"], 3),
-                     "identical_to_solo": f"{same}/{len(questions)}"})
+                     "completion_tokens": sum(len(t) for t in batch["token_ids"]),
+                     "seconds": round(batch["seconds"], 3), "identical_to_solo": f"{same}/{len(questions)}"})
     for row in rows:
         row["tok_per_s"] = round(row["completion_tokens"] / row["seconds"], 1)
         row["kev_time_over_path"] = round(kev_seconds / row["seconds"], 2)

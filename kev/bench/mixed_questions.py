@@ -19,7 +19,8 @@ _SHORT_EXTRA = [
     "What is 17 times 23?", "Name a primary colour.", "Who wrote Hamlet?", "Define entropy in one sentence.",
     "Is a tomato a fruit?", "什么是机器学习？", "北京是哪个国家的首都？", "用一句话介绍长城。",
     "What does HTTP stand for?", "Give one synonym for happy.", "一年有几个季节？", "Translate 'thank you' to French.",
-    "What is the boiling point of water in Celsius?", "列出三种水果。", "What is a prime number?", "Why is the ocean salty?",
+    "What is the boiling point of water in Celsius?", "列出三种水果。", "What is a prime number?",
+    "Why is the ocean salty?",
 ]
 
 
@@ -40,8 +41,9 @@ def _chinese_document(rng: random.Random) -> str:
     lines = []
     for _ in range(rng.randint(2, 4)):
         name, city, item = rng.choice(_ZH_NAMES), rng.choice(_ZH_CITIES), rng.choice(_ZH_ITEMS)
-        lines.append(f"{rng.randint(1, 12)}月{rng.randint(1, 28)}日，{city}分公司的{name}采购了{rng.randint(2, 60)}台{item}，"
-                     f"单价{rng.randint(300, 9000)}元，由{rng.choice(_ZH_NAMES)}审批。")
+        lines.append(f"{rng.randint(1, 12)}月{rng.randint(1, 28)}日，{city}分公司的{name}"
+                     f"采购了{rng.randint(2, 60)}台{item}，单价{rng.randint(300, 9000)}元，"
+                     f"由{rng.choice(_ZH_NAMES)}审批。")
     task = rng.choice(["请列出所有采购人及其城市。", "总共采购了多少台设备？", "请用两句话总结这些采购记录。"])
     return "请阅读以下采购记录：\n" + "\n".join(lines) + "\n" + task
 

@@ -25,12 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-HOT = ["怎么退款", "嗯，怎么退款？", "请问怎么退款", "怎么退款！！！", "怎么申请退款", "你好，怎么退款", "亲，怎么退款？", "怎么退款啊",
-       "怎么修改地址", "你好，怎么修改地址？", "怎么修改收货地址", "请问怎么修改地址", "嗯，怎么修改地址", "怎么改地址",
-       "地址怎么修改", "怎么更改地址"]
-VARIED = ["What is the capital of France?", "发票怎么开", "How do I reset my password?", "优惠券怎么用", "Who wrote Hamlet?",
-          "订单什么时候发货", "Name a large mammal.", "会员有什么权益", "Why is the sea salty?", "客服几点下班",
-          "List three prime numbers.", "可以开增值税发票吗", "What is 17 times 3?", "支持货到付款吗",
+HOT = ["怎么退款", "嗯，怎么退款？", "请问怎么退款", "怎么退款！！！", "怎么申请退款", "你好，怎么退款",
+       "亲，怎么退款？", "怎么退款啊", "怎么修改地址", "你好，怎么修改地址？", "怎么修改收货地址", "请问怎么修改地址",
+       "嗯，怎么修改地址", "怎么改地址", "地址怎么修改", "怎么更改地址"]
+VARIED = ["What is the capital of France?", "发票怎么开", "How do I reset my password?", "优惠券怎么用",
+          "Who wrote Hamlet?", "订单什么时候发货", "Name a large mammal.", "会员有什么权益", "Why is the sea salty?",
+          "客服几点下班", "List three prime numbers.", "可以开增值税发票吗", "What is 17 times 3?", "支持货到付款吗",
           "Give me a synonym for happy.", "运费怎么算"]
 TICKET = ["The customer ordered a blue winter jacket in size M on the third of the month.",
           "The parcel was marked as delivered, but the customer says it never arrived.",
@@ -89,9 +89,9 @@ def run_one(name: str, router: dict, model_and_tokenizer, stream: list[tuple[dic
 
     strategy = router.get("strategy", name)
     config = kev.load_config({"core": {"max_context": 1024},
-                              "router": {"strategy": strategy, "channel_pool_size": pool, "max_parallel_queries": parallel,
-                                         "channel_queue_depth": 64, "breaker_threshold": None, "length_tiers": [128],
-                                         **router}})
+                              "router": {"strategy": strategy, "channel_pool_size": pool,
+                                         "max_parallel_queries": parallel, "channel_queue_depth": 64,
+                                         "breaker_threshold": None, "length_tiers": [128], **router}})
     with kev.Engine(config, build_parts(config, *model_and_tokenizer)) as engine:
         engine.generate(["warm up"], max_tokens=2, timeout=600)
         steps_before = engine.num_steps
@@ -112,8 +112,9 @@ def run_one(name: str, router: dict, model_and_tokenizer, stream: list[tuple[dic
         channels[r.channel_id] = channels.get(r.channel_id, 0) + 1
         tokens[is_long] += r.tokens
     return Row(name, total, percentile(latency[False], 50), percentile(latency[False], 99),
-               percentile(latency[True], 50), max(channels.values()) / len(results), tokens[True] / sum(tokens.values()),
-               len(step_ends), percentile(steps[False], 50), percentile(steps[False], 99))
+               percentile(latency[True], 50), max(channels.values()) / len(results),
+               tokens[True] / sum(tokens.values()), len(step_ends), percentile(steps[False], 50),
+               percentile(steps[False], 99))
 
 
 def median_row(rows: list[Row]) -> Row:

@@ -1,4 +1,5 @@
-"""kev aggregator: collects the workers' answers, de-duplicates them, times out the late ones, relays them to the routers.
+"""kev aggregator: collects the workers' answers, de-duplicates them, times out the late ones,
+relays them to the routers.
 
 It loads no model (and no torch). Several may run; they share the work. SIGTERM or Ctrl-C:
 finish the answer in hand and exit 0; unacked answers wait in JetStream for the next one.

@@ -24,11 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
     parser.add_argument("--format", choices=["jsonl", "txt"], help="input format (default: txt for *.txt, else jsonl)")
     parser.add_argument("--ordered", action="store_true", help="write in input order (default: as answers finish)")
-    parser.add_argument("--max-inflight", type=int, help="requests in flight at once (default: batch.max_inflight, "
-                                                         "else 2 x channel_pool_size x (1 + channel_queue_depth) per engine)")
+    parser.add_argument("--max-inflight", type=int,
+                        help="requests in flight at once (default: batch.max_inflight, "
+                             "else 2 x channel_pool_size x (1 + channel_queue_depth) per engine)")
     parser.add_argument("--skip-invalid", action="store_true", help="write invalid lines as error lines, run the rest")
     parser.add_argument("--max-tokens", type=int, help="max_tokens of lines that do not set it")
-    parser.add_argument("--temperature", type=float, help="temperature of lines that do not set it (OpenAI's default: 1)")
+    parser.add_argument("--temperature", type=float,
+                        help="temperature of lines that do not set it (OpenAI's default: 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress and no summary on stderr")
     parser.add_argument("--json-summary", metavar="FILE", help="write the summary numbers as JSON to FILE")
 

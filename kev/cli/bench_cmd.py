@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(kev/bench/mixed.py); routing: strategies under skewed traffic (kev/bench/routing.py)")
     parser.add_argument("--against", choices=["vllm"], action="append", default=[],
                         help="also run vLLM's CPU build (.venv-vllm, see `make bench-vllm`) on the same prompts")
-    parser.add_argument("--parallel", type=int, help="router.max_parallel_queries (default: the largest size; mixed: 64)")
+    parser.add_argument("--parallel", type=int,
+                        help="router.max_parallel_queries (default: the largest size; mixed: 64)")
     parser.add_argument("--repeats", type=int, default=1, help="routing: runs per strategy (medians)")
     parser.add_argument("--sizes", default="1,4,8,16", help="numbers of questions, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per question (EOS ignored)")
@@ -86,7 +87,8 @@ def run_facts(config: KevConfig) -> dict[str, Any]:
 
     return {"model": config.core.model_path, "precision": config.core.resolved_precision,
             "precision_choice": describe(config.core.precision, config.core.device), "threads": torch.get_num_threads(),
-            "machine": f"{cpu_model()}, {platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"}
+            "machine": f"{cpu_model()}, {platform.machine()}, {torch.get_num_threads()} threads, "
+                       f"torch {torch.__version__}"}
 
 
 def run_mixed_scenario(args: argparse.Namespace, config: KevConfig) -> int:
@@ -126,7 +128,8 @@ def run_routing_scenario(args: argparse.Namespace) -> int:
 
 
 def print_report(report: dict) -> None:
-    table = Table(title=f"{report['model']} {report['precision']}, {report['machine']}, {report['max_tokens']} new tokens each")
+    table = Table(title=f"{report['model']} {report['precision']}, {report['machine']}, "
+                        f"{report['max_tokens']} new tokens each")
     for column in ("N", "path", "tokens", "seconds", "tok/s", "identical to solo", "kev / path"):
         table.add_column(column, justify="right")
     for r in report["results"]:

@@ -29,7 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kev", description="Many questions, one forward pass, isolated channels.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
-    parser.add_argument("--version", action="version", version=f"kev {__version__} (python {platform.python_version()})")
+    parser.add_argument("--version", action="version",
+                        version=f"kev {__version__} (python {platform.python_version()})")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         try:

@@ -16,7 +16,8 @@ OnProgress = Callable[[str, float, float], None]
 
 @contextmanager
 def progress_bar(first_label: str) -> Iterator[OnProgress]:
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+               TimeElapsedColumn())
     console = Console(stderr=True)
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(first_label, total=None)

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_table(results: list[Result], steps: int) -> None:
-    table = Table(title=f"{len(results)} questions, {steps} engine steps (each step = one forward over every active channel)")
+    table = Table(title=f"{len(results)} questions, {steps} engine steps "
+                        "(each step = one forward over every active channel)")
     for column in ("channel_id", "elapsed_ms", "prompt", "completion", "finish", "text"):
         table.add_column(column, overflow="fold")
     for r in results:

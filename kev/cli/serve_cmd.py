@@ -25,15 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
     parser.add_argument("--host", help="server.host (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="server.port (default 8765; 0 picks a free one)")
-    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (else ${API_KEY_ENV}, else server.api_key); "
-                                           f"a flag is visible to every user in `ps`: set ${API_KEY_ENV} to keep the key out of it")
+    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (else ${API_KEY_ENV}, else "
+                                           f"server.api_key); a flag is visible to every user in `ps`: "
+                                           f"set ${API_KEY_ENV} to keep the key out of it")
     parser.add_argument("--max-body-bytes", type=int, help="server.max_body_bytes")
     parser.add_argument("--max-questions", type=int, help="server.max_questions (per request)")
     parser.add_argument("--max-question-chars", type=int, help="server.max_question_chars")
     parser.add_argument("--max-tokens-cap", type=int, help="server.max_tokens_cap")
     parser.add_argument("--max-inflight-requests", type=int, help="server.max_inflight_requests")
     parser.add_argument("--grace", dest="shutdown_grace_s", type=float, help="server.shutdown_grace_s")
-    parser.add_argument("--nats-url", help="deploy.nats_url: be the router of a cluster (implies deploy.mode distributed)")
+    parser.add_argument("--nats-url",
+                        help="deploy.nats_url: be the router of a cluster (implies deploy.mode distributed)")
     parser.add_argument("--no-access-log", dest="access_log", action="store_false", default=None,
                         help="no INFO line per request (server.access_log: false)")
     parser.add_argument("--stats-interval", dest="stats_interval_s", type=float,
@@ -63,12 +65,13 @@ def run(args: argparse.Namespace) -> int:
 
     app = build_app(config, api_key=api_key, on_load_failed=stop_on_load_failure)
     grace = config.server.shutdown_grace_s
-    server = DrainingServer(uvicorn.Config(app, host=config.server.host, port=config.server.port, log_level=args.log_level, log_config=None,
-                                           timeout_graceful_shutdown=DrainingServer.timeout_for(grace),  # type: ignore[arg-type]  # float seconds work
-                                           http=guarded_h11(config.server.header_timeout_s),
-                                           limit_concurrency=config.server.max_connections,
-                                           timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # uvicorn's stub says int; float works
-                                           access_log=args.log_level == "debug"), app.state.service, grace)
+    uvicorn_config = uvicorn.Config(
+        app, host=config.server.host, port=config.server.port, log_level=args.log_level, log_config=None,
+        timeout_graceful_shutdown=DrainingServer.timeout_for(grace),  # type: ignore[arg-type]  # float seconds work
+        http=guarded_h11(config.server.header_timeout_s), limit_concurrency=config.server.max_connections,
+        timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # uvicorn's stub says int; float works
+        access_log=args.log_level == "debug")
+    server = DrainingServer(uvicorn_config, app.state.service, grace)
     holder.append(server)
     # uvicorn re-raises the SIGTERM/SIGINT it handled once it is done; a no-op handler lets us exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):

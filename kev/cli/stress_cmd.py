@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context", type=int, default=512,
                         help="core.max_context for the soak (small, so prompts near it are cheap)")
     parser.add_argument("--max-tokens", type=int, default=12, help="most new tokens per question")
-    parser.add_argument("--levels", help="comma-separated, e.g. strict,shared (default: every level the config can run)")
+    parser.add_argument("--levels",
+                        help="comma-separated, e.g. strict,shared (default: every level the config can run)")
     parser.add_argument("--seed", type=int, help="seed of questions and waves")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         def on_progress(label: str) -> None:  # a time bar: the soak runs for --duration seconds
             bar(label, min(time.monotonic() - started, args.duration), args.duration)
 
-        options = StressOptions(args.duration, args.questions, args.max_tokens, levels, args.seed, on_progress=on_progress)
+        options = StressOptions(args.duration, args.questions, args.max_tokens, levels, args.seed,
+                                on_progress=on_progress)
         report = run_stress(factory, config, options)
     return report_and_exit_code(report, args.json, print_report)
 
@@ -58,17 +60,17 @@ def print_report(report: StressReport) -> None:
     for level in report.levels:
         table.add_column(level.level, justify="right")
     rows = [("questions (distinct)", "questions"), ("waves", "waves"), ("submitted", "submitted"),
-            ("completed", "completed"), ("failed", "failed"), ("timed out", "timed_out"), ("cancelled at the end", "cancelled"),
-            ("cut by max_context", "truncated")]
+            ("completed", "completed"), ("failed", "failed"), ("timed out", "timed_out"),
+            ("cancelled at the end", "cancelled"), ("cut by max_context", "truncated")]
     for label, name in rows:
         table.add_row(label, *(str(getattr(level, name)) for level in report.levels))
     for kind in ALERT_KINDS:
         note = " (expected)" if kind in EXPECTED_IN_SOAK else ""
-        table.add_row(f"alert {kind}{note}", *("not collected" if level.alerts is None else str(level.alerts.get(kind, 0))
-                                               for level in report.levels))
+        table.add_row(f"alert {kind}{note}", *("not collected" if level.alerts is None
+                                               else str(level.alerts.get(kind, 0)) for level in report.levels))
     table.add_row("audit records read", *(str(level.audit_records) for level in report.levels))
-    table.add_row("equal to solo (checked / answered)", *(f"{level.solo_matched}/{level.solo_checked} of {level.solo_distinct}"
-                                                          for level in report.levels))
+    table.add_row("equal to solo (checked / answered)",
+                  *(f"{level.solo_matched}/{level.solo_checked} of {level.solo_distinct}" for level in report.levels))
     console.print(table)
     for level in report.levels:
         for problem in level.problems:

@@ -10,7 +10,8 @@ from kev.cli.common import add_config_flags, config_from_args, report_and_exit_c
 from kev.cli.progress import progress_bar
 from kev.engine.engine import Engine
 from kev.isolation.levels import LEVELS, config_for_level
-from kev.isolation.verify import DEFAULT_SYSTEM, VERIFY_QUESTIONS, VerifyOptions, VerifyReport, read_questions, run_verify
+from kev.isolation.verify import (DEFAULT_SYSTEM, VERIFY_QUESTIONS, VerifyOptions, VerifyReport, read_questions,
+                                  run_verify)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

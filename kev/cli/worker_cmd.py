@@ -48,9 +48,10 @@ def distributed_config(args: argparse.Namespace) -> KevConfig:
 def run(args: argparse.Namespace) -> int:
     config = distributed_config(args)
     if not 0 <= args.partition < config.deploy.num_partitions:
-        raise ConfigError(f"--partition {args.partition}: the cluster has partitions 0..{config.deploy.num_partitions - 1} "
-                          "(deploy.partitions, default deploy.workers)")
-    worker_id = args.worker_id or re.sub(r"[^A-Za-z0-9_-]", "-", f"w{args.partition}-{socket.gethostname()}-{os.getpid()}")[:64]
+        raise ConfigError(f"--partition {args.partition}: the cluster has partitions "
+                          f"0..{config.deploy.num_partitions - 1} (deploy.partitions, default deploy.workers)")
+    default_id = f"w{args.partition}-{socket.gethostname()}-{os.getpid()}"
+    worker_id = args.worker_id or re.sub(r"[^A-Za-z0-9_-]", "-", default_id)[:64]
     from kev.distributed.worker import Worker
     from kev.engine.describe import banner
     from kev.engine.engine import Engine

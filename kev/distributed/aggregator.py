@@ -56,7 +56,8 @@ class Aggregator:
             return
         self.link, topology = link, link.topology
         await link.nc.subscribe(topology.delta_subject("*"), cb=self._on_delta)
-        answers = await link.js.pull_subscribe_bind(durable=topology.aggregator_consumer, stream=topology.results_stream)
+        answers = await link.js.pull_subscribe_bind(durable=topology.aggregator_consumer,
+                                                    stream=topology.results_stream)
         tasks = [asyncio.ensure_future(self._watch_requests()), asyncio.ensure_future(self._deadlines())]
         log.info("aggregator %s: consuming %s", self.aggregator_id, topology.results_stream)
         while not self.stopping.is_set():
@@ -129,7 +130,8 @@ class Aggregator:
             return
         text, ids, _, _ = self.partial.get(key, ("", [], None, ""))
         self.partial[key] = (text + new[0], ids + new[1], delta.channel_id, delta.worker)
-        relayed = delta.model_copy(update={"text_offset": chars, "token_offset": tokens, "text": new[0], "token_ids": new[1]})
+        relayed = delta.model_copy(update={"text_offset": chars, "token_offset": tokens, "text": new[0],
+                                           "token_ids": new[1]})
         await self._guarded(self.link.nc.publish(self.link.topology.out_subject(delta.reply),
                                                  OutMessage(kind="delta", delta=relayed).encode()))
 
@@ -154,8 +156,9 @@ class Aggregator:
         question = next(q for q in record.questions if q.index == index)
         text, ids, channel, worker = self.partial.get((record.request_id, index), ("", [], None, ""))
         placeholder = Result(record.request_id, index, text=text, token_ids=ids, completion_tokens=len(ids),
-                             channel_id=channel, worker=worker or None, finished_at=time.time(), finish_reason="timeout",
-                             status="timeout", error="no answer before its deadline (deploy.queue_timeout_ms + timeout_ms)",
+                             channel_id=channel, worker=worker or None, finished_at=time.time(),
+                             finish_reason="timeout", status="timeout",
+                             error="no answer before its deadline (deploy.queue_timeout_ms + timeout_ms)",
                              isolation=record.isolation, strategy=record.strategy, hash_bucket=question.hash_bucket,
                              category=question.category, original_text=question.original_text)
         seq, winner = await claim(self.link.answers, placeholder)

@@ -62,8 +62,8 @@ class LocalCluster:
         self._wait_ready(timeout)
 
     def _write_config(self, nats_url: str) -> tuple[Path, str | None]:
-        config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url, "workers": self.num_workers,
-                                                      "devices": []}})
+        config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url,
+                                                      "workers": self.num_workers, "devices": []}})
         path = self.workdir / "kev.yaml"
         # JSON is YAML
         path.write_text(json.dumps({"kev": config.model_dump(mode="json", exclude_none=True)}, indent=1))

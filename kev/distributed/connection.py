@@ -111,7 +111,8 @@ async def connect(deploy: DeployConfig, name: str, on_disconnect: Callback | Non
     return Link(nc, js, topology, requests, answers)
 
 
-async def connect_forever(deploy: DeployConfig, name: str, stopping: asyncio.Event, **callbacks: Callback) -> Link | None:
+async def connect_forever(deploy: DeployConfig, name: str, stopping: asyncio.Event,
+                          **callbacks: Callback) -> Link | None:
     """connect() until it works (None if `stopping` is set first)."""
     delay = 0.2
     while not stopping.is_set():
@@ -133,7 +134,8 @@ async def declare(js: JetStreamContext, topology: Topology, deploy: DeployConfig
                                        retention=api.RetentionPolicy.WORK_QUEUE, storage=file, num_replicas=copies,
                                        duplicate_window=120.0))
     await _stream(js, api.StreamConfig(name=topology.results_stream, subjects=[f"{topology.prefix}.result.>"],
-                                       retention=api.RetentionPolicy.LIMITS, storage=file, num_replicas=copies, max_age=ttl))
+                                       retention=api.RetentionPolicy.LIMITS, storage=file, num_replicas=copies,
+                                       max_age=ttl))
     await _stream(js, api.StreamConfig(name=topology.dead_stream, subjects=[f"{topology.prefix}.dead.>"],
                                        storage=file, num_replicas=copies, max_age=7 * 86400.0))
     for durable, subject in topology.work_consumers():

@@ -38,6 +38,11 @@ class WorkerDirectory:
             del self.workers[worker]
         return sorted((s for _, s in self.workers.values()), key=lambda s: s.worker)
 
+    def num_live(self) -> int:
+        """How many workers are alive; unlike live(), it changes nothing (safe from another thread)."""
+        horizon = time.monotonic() - LIVE_PERIODS * self.heartbeat_s
+        return sum(at >= horizon for at, _ in list(self.workers.values()))
+
     def live_partitions(self) -> set[int] | None:
         """Partitions a live worker pulls; None while no worker is heard from (then every partition
         counts: questions wait in the stream for a worker, within the backlog limits)."""

@@ -36,8 +36,8 @@ def validate_options(config: KevConfig, options: dict[str, Any]) -> SubmitOption
     sampling = {k: options.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos",
                                             "logprobs", "prompt_logprobs", "structured_outputs", "logit_bias",
                                             "presence_penalty", "frequency_penalty")}
-    return SubmitOptions.validate(config, options.get("isolation"), options.get("max_parallel"), options.get("timeout_ms"),
-                                  options.get("system"), sampling)
+    return SubmitOptions.validate(config, options.get("isolation"), options.get("max_parallel"),
+                                  options.get("timeout_ms"), options.get("system"), sampling)
 
 
 def prepare(queries: list[Any], request_id: str, submit: SubmitOptions, config: KevConfig, tokenizer: Tokenizer,
@@ -52,7 +52,8 @@ def prepare(queries: list[Any], request_id: str, submit: SubmitOptions, config: 
         question = r.raw
         if not r.spec.sampling.is_greedy and r.spec.sampling.seed is None:
             question = with_seed(r.raw, secrets.randbits(62))
-        prepared.append(Prepared(r.index, question, r.features, r.spec.priority, r.spec.timeout_ms, r.spec.original_text))
+        prepared.append(Prepared(r.index, question, r.features, r.spec.priority, r.spec.timeout_ms,
+                                 r.spec.original_text))
     return prepared, errors
 
 

@@ -17,7 +17,8 @@ class StreamPosition:
     chars: int = 0
     tokens: int = 0
 
-    def extend(self, text_offset: int, text: str, token_offset: int, token_ids: list[int]) -> tuple[str, list[int]] | None:
+    def extend(self, text_offset: int, text: str, token_offset: int,
+               token_ids: list[int]) -> tuple[str, list[int]] | None:
         """The new part of a delta, moving the position past it; None if it adds nothing or leaves a gap."""
         if text_offset > self.chars or token_offset > self.tokens:
             return None

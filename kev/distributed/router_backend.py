@@ -1,11 +1,15 @@
 """DistributedBackend: `kev serve` in deploy.mode distributed: the HTTP edge and router of a cluster.
 
+It implements EngineAPI (kev/engine/api.py), so the server holds it as it holds an Engine (EngineBridge).
+Its NATS side runs on an event loop of its own, in a thread, where all of its state lives; the
+EngineAPI calls hand their work to that loop and wait for it (as an Engine's calls take its lock).
 submit() checks the request as an engine would, routes each question to a work partition
 (kev/distributed/placement.py), applies overflow_policy against the stream's backlog, writes
 the request record (deadlines) to the requests bucket, then publishes one WorkItem per
-question and returns. Answers and deltas come back from the aggregator on {p}.out.<router_id>.
-While NATS is unreachable, new work gets a 503 (UnavailableError) and the connection
-recovers by itself; answers missed meanwhile are read back from the answers bucket.
+question and returns. Answers and deltas come back from the aggregator on {p}.out.<router_id>
+and go out on the router's one event stream (subscribe). While NATS is unreachable, new work
+gets a 503 (UnavailableError; `link.unavailable` says why) and the connection recovers by itself;
+answers missed meanwhile are read back from the answers bucket.
 """
 from __future__ import annotations
 
@@ -14,16 +18,18 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import replace
 from typing import Any
 
 from nats.aio.msg import Msg
+from prometheus_client import CollectorRegistry
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.distributed.answers import claim, read_answer
 from kev.distributed.directory import WorkerDirectory
+from kev.distributed.loop_thread import LoopThread
 from kev.distributed.messages import (MalformedMessage, OutMessage, QuestionRecord, RequestRecord, WorkItem, decode,
                                       result_from_dict)
 from kev.distributed.placement import PartitionPlacer
@@ -31,54 +37,91 @@ from kev.distributed.prepare import Prepared, prepare, validate_options
 from kev.distributed.router_encoder import load_router_model
 from kev.distributed.router_link import RouterLink
 from kev.distributed.router_requests import OpenRequest
+from kev.engine.request import EventListener, StreamEvent
 from kev.engine.stats import EngineLoad, EngineStats
 from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError, UnknownRequestError
 from kev.router.router import Placement
-from kev.server.metrics import ServerMetrics
-from kev.server.watch import Watch
 
 log = logging.getLogger("kev.distributed")
 GRACE_S = 2.0  # a worker's own timeout result gets this long to arrive before the aggregator's placeholder
 
 
 class DistributedBackend:
-    def __init__(self, config: KevConfig, metrics: ServerMetrics) -> None:
-        self.config, self.metrics = config, metrics
+    def __init__(self, config: KevConfig, registry: CollectorRegistry) -> None:
+        """registry: where the cluster's gauges go (the server's /metrics)."""
+        self.config = config
         model = load_router_model(config)  # the loader thread: tokenizer + embedding table
         self.tokenizer, self.vocab_size = model.tokenizer, model.vocab_size
         self.placer = PartitionPlacer.build(config.router, config.deploy.num_partitions, model.encoder)
         self.directory = WorkerDirectory(config.deploy.heartbeat_s)
         self.router_id = "r" + uuid.uuid4().hex[:12]
         self.requests: dict[str, OpenRequest] = {}
-        self.link = RouterLink(config.deploy, self.router_id, self.placer.loads, self.directory, metrics.registry,
+        self.listeners: list[EventListener] = []
+        self.link = RouterLink(config.deploy, self.router_id, self.placer.loads, self.directory, registry,
                                self._on_out, self._reconcile)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loop = LoopThread("kev-router")  # where all of the above lives
+        self.loop.call_soon(self._spawn, self.link.run())
+
+    # --- the Engine API --------------------------------------------------------------
+    def submit(self, queries: list[Any], **options: Any) -> str:
+        return self.loop.run(self._submit(queries, options))
+
+    def results(self, request_id: str) -> list[Result]:
+        return self.loop.call(lambda: self._request(request_id).ordered())
+
+    def stream(self, request_id: str, timeout: float | None = None) -> Iterator[StreamEvent]:
+        yield from self.loop.call(lambda: self._request(request_id)).view.iter_events(timeout)
+
+    def cancel(self, request_id: str) -> None:
+        """Unfinished questions get a cancelled answer (partial text kept); the workers are told to stop."""
+        self.loop.run(self._cancel(request_id))
+
+    def cancel_unfinished(self) -> int:
+        return self.loop.run(self._cancel_unfinished())
+
+    def forget(self, request_id: str) -> None:
+        """Cancel what is left and drop the request; its cancelled answers are out when this returns."""
+        if not self.loop.is_stopped:
+            self.loop.run(self._forget(request_id))
+
+    def subscribe(self, listener: EventListener) -> None:
+        self.listeners.append(listener)
+
+    def channel_states(self) -> list[dict[str, Any]]:
+        """Every live worker's channels (from their heartbeats)."""
+        return self.loop.call(self.directory.channel_states)
+
+    def queue_length(self) -> int:
+        return self.loop.call(lambda: self.placer.loads.total_waiting)
+
+    def load(self) -> EngineLoad:
+        """The workers' loads from their heartbeats; questions still in the work stream count as waiting."""
+        return self.loop.call(self._load)
 
     @property
-    def unavailable(self) -> str | None:
-        return self.link.unavailable
+    def stats(self) -> EngineStats:
+        """The live workers' step counters (their steps are in their own audit logs, not here)."""
+        return self.loop.call(lambda: self.directory.totals()[0])
 
-    @property
-    def degraded(self) -> str | None:
-        return self.link.degraded
+    def alert_counts(self) -> dict[str, int]:
+        return self.loop.call(lambda: self.directory.totals()[1])
 
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._spawn(self.link.run())
+    def describe(self) -> dict[str, Any]:
+        deploy = self.config.deploy
+        return {"mode": "distributed router", "router": self.router_id,
+                "nats": re.sub(r"//[^@/,]*@", "//", deploy.nats_url or ""),  # never a password
+                "partitions": deploy.num_partitions, "max_parallel_per_worker": self.config.router.max_parallel_queries}
+
+    def close(self) -> None:
+        """Close the link to NATS and stop the loop (unfinished requests: cancel_unfinished first)."""
+        if not self.loop.is_stopped:
+            self.loop.run(self._close())
+            self.loop.stop()
 
     # --- submit --------------------------------------------------------------------
-    async def submit(self, queries: list[Any], options: dict[str, Any]) -> str:
-        # Shielded: once questions are on the queue, a caller who hangs up gets its request forgotten, not orphaned.
-        task = asyncio.ensure_future(self._submit(queries, options))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(lambda t: None if t.cancelled() or t.exception() else self.forget(t.result()))
-            raise
-
     async def _submit(self, queries: list[Any], options: dict[str, Any]) -> str:
-        if (why := self.unavailable) is not None:
+        if (why := self.link.unavailable) is not None:
             raise UnavailableError(why)
         submit = validate_options(self.config, options)
         if not isinstance(queries, (list, tuple)) or not queries:
@@ -89,7 +132,7 @@ class DistributedBackend:
         placements = await self._place(prepared)
         request = OpenRequest(request_id, len(queries), self.config.aggregator.mode, submit.isolation,
                               {p.index for p in prepared}, {p.index: p.priority for p in prepared},
-                              {p.index: p.original_text for p in prepared})
+                              {p.index: p.original_text for p in prepared}, self.listeners)
         self.requests[request_id] = request  # before publishing: an answer may come back at once
         try:
             await self._publish(request, options, prepared, placements)
@@ -120,17 +163,19 @@ class DistributedBackend:
             if policy == "queue":
                 if self.placer.defer():
                     return None
-                raise RejectedError(f"overflow queue full (router.max_queue={self.placer.max_queue}); {self._load()}")
+                raise RejectedError(f"overflow queue full (router.max_queue={self.placer.max_queue}); "
+                                    f"{self._backlog()}")
             if policy == "reject":
-                raise RejectedError(f"no worker partition can take question {p.index} (overflow_policy=reject); {self._load()}")
+                raise RejectedError(f"no worker partition can take question {p.index} (overflow_policy=reject); "
+                                    f"{self._backlog()}")
             remaining = 1.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 raise OverflowTimeoutError(f"no worker partition could take question {p.index} within its timeout_ms "
-                                           f"({p.timeout_ms}, overflow_policy=wait); {self._load()}")
+                                           f"({p.timeout_ms}, overflow_policy=wait); {self._backlog()}")
             await self.link.next_poll(min(remaining, 1.0))
         return placement
 
-    def _load(self) -> str:
+    def _backlog(self) -> str:
         loads = self.placer.loads
         return (f"{len(loads.waiting)} partitions: waiting {loads.waiting} (room {loads.room} each = "
                 f"router.channel_pool_size x max(1, router.channel_queue_depth)), pulled {loads.running}, "
@@ -141,17 +186,19 @@ class DistributedBackend:
         if not prepared:
             return
         now, deploy, topology, request_id = time.time(), self.config.deploy, self.link.topology, request.request_id
-        expires = {p.index: None if p.timeout_ms is None else now + (deploy.queue_timeout_ms + p.timeout_ms) / 1000 + GRACE_S
-                   for p in prepared}
+        strategy = self.placer.router.strategy_name
+        expires = {p.index: None if p.timeout_ms is None
+                   else now + (deploy.queue_timeout_ms + p.timeout_ms) / 1000 + GRACE_S for p in prepared}
         record = RequestRecord(request_id=request_id, reply=self.router_id, num_questions=request.num_questions,
-                               isolation=request.isolation, strategy=self.placer.router.strategy_name, questions=[
-                                   QuestionRecord(index=p.index, expires_at=expires[p.index], original_text=p.original_text,
-                                                  hash_bucket=p.features.bucket, category=p.features.category)
+                               isolation=request.isolation, strategy=strategy, questions=[
+                                   QuestionRecord(index=p.index, expires_at=expires[p.index],
+                                                  original_text=p.original_text, hash_bucket=p.features.bucket,
+                                                  category=p.features.category)
                                    for p in prepared])
         await self.link.put_record(request_id, record)
         items = [(topology.partition_subject(pl.channel_id) if pl else topology.overflow_subject,
-                  WorkItem(request_id=request_id, index=p.index, question=p.question, options=options, reply=self.router_id,
-                           strategy=self.placer.router.strategy_name, rerouted=bool(pl and pl.rerouted),
+                  WorkItem(request_id=request_id, index=p.index, question=p.question, options=options,
+                           reply=self.router_id, strategy=strategy, rerouted=bool(pl and pl.rerouted),
                            submitted_at=now, expires_at=expires[p.index]))
                  for p, pl in zip(prepared, placements)]
         await asyncio.gather(*(self._publish_one(subject, item, pl) for (subject, item), pl in zip(items, placements)))
@@ -175,10 +222,8 @@ class DistributedBackend:
             request.add_delta(out.delta)
 
     def _accept(self, request: OpenRequest, result: Result, seq: int) -> None:
-        if request.add_result(result, seq):
-            self.metrics.observe_result(result)
-            if request.is_done and request.published:
-                self._spawn(self.link.drop_record(request.request_id))
+        if request.add_result(result, seq) and request.is_done and request.published:
+            self._spawn(self.link.drop_record(request.request_id))
 
     async def _reconcile(self, min_age_s: float) -> None:
         """Read back answers this router missed (it was disconnected when they were relayed)."""
@@ -191,17 +236,8 @@ class DistributedBackend:
                 if found is not None:
                     self._accept(request, found[1], found[0])
 
-    # --- the rest of the Backend ------------------------------------------------------
-    def watch(self, request_id: str, num_questions: int, listen: bool) -> Watch:
-        watch = Watch(request_id, num_questions, asyncio.get_running_loop(), events=asyncio.Queue() if listen else None)
-        self._request(request_id).attach(watch)
-        return watch
-
-    async def results(self, request_id: str) -> list[Result]:
-        return self._request(request_id).ordered()
-
-    async def cancel(self, request_id: str) -> None:
-        """Unfinished questions get a cancelled answer (partial text kept); the workers are told to stop."""
+    # --- on the loop ----------------------------------------------------------------
+    async def _cancel(self, request_id: str) -> None:
         request = self._request(request_id)
         missing = request.missing()
         if not missing:
@@ -216,54 +252,32 @@ class DistributedBackend:
             seq, winner = await claim(self.link.answers if self.link.is_connected else None, result)
             self._accept(request, winner, seq)
 
-    def forget(self, request_id: str) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._spawn, self._forget(request_id))
-
     async def _forget(self, request_id: str) -> None:
         if request_id not in self.requests:
             return
-        await self.cancel(request_id)
+        await self._cancel(request_id)
         self.requests.pop(request_id, None)
         await self.link.drop_record(request_id)
 
-    async def channels(self) -> tuple[list[dict[str, Any]], int]:
-        return self.directory.channel_states(), self.placer.loads.total_waiting
-
-    async def stats(self) -> EngineStats:
-        return self.directory.totals()[0]
-
-    def describe(self) -> dict[str, Any]:
-        deploy = self.config.deploy
-        return {"mode": "distributed router", "router": self.router_id, "nats": re.sub(r"//[^@/,]*@", "//", deploy.nats_url or ""),  # never a password
-                "partitions": deploy.num_partitions, "max_parallel_per_worker": self.config.router.max_parallel_queries}
-
-    async def load(self) -> EngineLoad:
-        """The workers' loads from their heartbeats; questions still in the work stream count as waiting."""
-        load = self.directory.load()
-        return replace(load, num_waiting=load.num_waiting + self.placer.loads.total_waiting)
-
-    async def refresh_metrics(self) -> None:
-        states, waiting = await self.channels()
-        self.link.gauges.set(self.placer.loads, len(self.directory.live()), self.link.is_connected)
-        # Steps happen on the workers (their audit logs have them); the alert counts come with their heartbeats.
-        self.metrics.refresh([], states, waiting, self.directory.totals()[1], await self.load())
-
-    async def cancel_unfinished(self) -> int:
+    async def _cancel_unfinished(self) -> int:
         unfinished = [rid for rid, r in self.requests.items() if not r.is_done]
         for request_id in unfinished:
             try:
-                await asyncio.wait_for(self.cancel(request_id), 5)
+                await asyncio.wait_for(self._cancel(request_id), 5)
             except Exception as err:
                 log.warning("shutdown: cancelling %s: %s", request_id, err)
         return len(unfinished)
 
-    async def shutdown(self) -> int:
-        unfinished = await self.cancel_unfinished()
+    def _load(self) -> EngineLoad:
+        load = self.directory.load()
+        return replace(load, num_waiting=load.num_waiting + self.placer.loads.total_waiting)
+
+    async def _close(self) -> None:
         await self.link.close()
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        return unfinished
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _request(self, request_id: str) -> OpenRequest:
         request = self.requests.get(request_id)

@@ -23,7 +23,7 @@ from kev.distributed.connection import NATS_ERRORS, Link, connect_forever, topol
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import RequestRecord, WorkItem
 from kev.distributed.placement import PartitionLoads
-from kev.distributed.router_metrics import ClusterGauges
+from kev.distributed.router_metrics import add_cluster_gauges
 
 log = logging.getLogger("kev.distributed")
 POLL_S = 0.25
@@ -37,7 +37,7 @@ class RouterLink:
                  reconcile: Callable[[float], Awaitable[None]]) -> None:
         self.deploy, self.router_id, self.loads, self.directory = deploy, router_id, loads, directory
         self.topology = topology_of(deploy)
-        self.gauges = ClusterGauges(registry)
+        add_cluster_gauges(registry, loads, directory.num_live, lambda: self.is_connected)
         self._on_out, self._reconcile = on_out, reconcile
         self.link: Link | None = None
         self._stopping = asyncio.Event()

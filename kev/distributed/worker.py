@@ -69,7 +69,8 @@ class Worker:
         subs = {durable: await link.js.pull_subscribe_bind(durable=durable, stream=topology.work_stream)
                 for durable, _ in topology.work_consumers()}
         home, overflow = topology.partition_consumer(self.partition), topology.overflow_consumer
-        log.info("worker %s: pulling partition %d (%s) with %d slots", self.worker_id, self.partition, home, self.capacity)
+        log.info("worker %s: pulling partition %d (%s) with %d slots", self.worker_id, self.partition, home,
+                 self.capacity)
         heartbeat = asyncio.ensure_future(self._heartbeat())
         while not self.stopping.is_set():
             if len(self.jobs) >= self.capacity:
@@ -211,7 +212,8 @@ class Worker:
         status = WorkerStatus(worker=self.worker_id, partition=self.partition, capacity=self.capacity,
                               inflight=len(self.jobs), at=time.time(), host=socket.gethostname(), pid=os.getpid(),
                               channels=channels, queue_length=sum(c["queued"] for c in channels),
-                              num_steps=self.engine.stats.num_steps, num_tokens_computed=self.engine.stats.num_tokens_computed,
+                              num_steps=self.engine.stats.num_steps,
+                              num_tokens_computed=self.engine.stats.num_tokens_computed,
                               num_tokens_generated=self.engine.stats.num_tokens_generated,
                               alerts=self.engine.alert_counts(), load=asdict(load))
         await self.link.nc.publish(self.link.topology.status_subject(self.worker_id), status.encode())

@@ -49,13 +49,15 @@ class Job:
     def delta(self, event: StreamEvent) -> DeltaMessage:
         delta = DeltaMessage(request_id=self.item.request_id, index=self.item.index, reply=self.item.reply,
                              worker=self.worker, attempt=self.attempt, channel_id=event.channel_id,
-                             text_offset=self.chars, token_offset=self.tokens, text=event.text, token_ids=event.token_ids)
+                             text_offset=self.chars, token_offset=self.tokens, text=event.text,
+                             token_ids=event.token_ids)
         self.chars += len(event.text)
         self.tokens += len(event.token_ids)
         return delta
 
     def answer(self, result: Result) -> ResultMessage:
-        """The engine's result as the cluster's: the caller's request_id and index, this worker, the router's routing."""
+        """The engine's result as the cluster's: the caller's request_id and index, this worker, the router's
+        routing."""
         item = self.item
         result.request_id, result.index, result.worker = item.request_id, item.index, self.worker
         result.strategy, result.rerouted = item.strategy or result.strategy, item.rerouted or result.rerouted

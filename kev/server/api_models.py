@@ -102,7 +102,8 @@ class QuestionObject(_Sampling):
     def _one_content(self) -> QuestionObject:
         present = [key for key in CONTENT_KEYS if key in self.model_fields_set]
         if len(present) != 1:
-            raise ValueError(f"needs exactly one of 'text', 'messages', 'prompt' or 'prompt_ids' (got {present or 'none'})")
+            raise ValueError("needs exactly one of 'text', 'messages', 'prompt' or 'prompt_ids' "
+                             f"(got {present or 'none'})")
         return self
 
 
@@ -121,7 +122,8 @@ Question = Annotated[
     Annotated[Text, Tag("as_string")] | Annotated[list[ChatMessage], Field(min_length=1), Tag("as_messages")]
     | Annotated[QuestionObject, Tag("as_object")],
     Discriminator(_question_kind, custom_error_type="question_type",
-                  custom_error_message="must be a string, a list of chat messages or an object with text, messages or prompt"),
+                  custom_error_message="must be a string, a list of chat messages or an object with text, messages "
+                                       "or prompt"),
 ]
 
 
@@ -129,7 +131,8 @@ class SubmitBody(_Sampling):
     """Questions and request-level options (each question may override its sampling)."""
 
     queries: list[Question] = Field(min_length=1)
-    isolation: Literal["strict", "shared", "loose"] | None = Field(None, description="at most as loose as the configured isolation.level")
+    isolation: Literal["strict", "shared", "loose"] | None = Field(
+        None, description="at most as loose as the configured isolation.level")
     max_parallel: int | None = Field(None, ge=1)
     system: Text | None = Field(None, description="shared system prompt for every chat question")
 

@@ -23,7 +23,7 @@ from kev.batch.server_batches import BatchManager
 from kev.batch.store import BatchStore
 from kev.errors import KevError
 from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_tokenizer
-from kev.server.backend import build_backend
+from kev.server.backend import EngineFactory, build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
@@ -32,7 +32,6 @@ from kev.server.playground import routes as playground
 from kev.server.service import KevService
 
 log = logging.getLogger("kev.server")
-EngineFactory = Callable[[KevConfig], Any]  # config -> an Engine (or anything with its API)
 
 
 def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory | None = None,
@@ -46,8 +45,8 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        loader = threading.Thread(target=_load, args=(service, engine_factory, asyncio.get_running_loop(), on_load_failed),
-                                  name="kev-load", daemon=True)
+        loader = threading.Thread(target=_load, name="kev-load", daemon=True,
+                                  args=(service, engine_factory, asyncio.get_running_loop(), on_load_failed))
         loader.start()
         batches.start()  # unfinished batches of an earlier run go on once the model is ready
         interval = config.server.stats_interval_s
@@ -63,13 +62,13 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     app.state.service = service
     app.state.batches = batches
     install_handlers(app)
-    for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_batch.router, routes_ops.router,
-                   playground.router):
+    for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_batch.router,
+                   routes_ops.router, playground.router):
         app.include_router(router)
     _document_served_model(app, service.model_name)
     # An uploaded file may be as large as batch.max_file_bytes; the route checks its exact size.
-    app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key, max_body_bytes=config.server.max_body_bytes,
-                       body_timeout_s=config.server.body_timeout_s,
+    app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key,
+                       max_body_bytes=config.server.max_body_bytes, body_timeout_s=config.server.body_timeout_s,
                        path_limits={"/v1/files": (config.batch.max_file_bytes, "batch.max_file_bytes")})
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: counts the gate's refusals too
     return app

@@ -1,4 +1,8 @@
-"""EngineBridge: the Backend of single and multi_gpu mode: an engine in this process, seen from the event loop.
+"""EngineBridge: the server's backend: an engine (EngineAPI), seen from the event loop.
+
+The engine is an Engine (single mode), a ReplicaEngine (multi_gpu) or a cluster's router
+(DistributedBackend, distributed mode); the routes cannot tell them apart, which is why a
+client cannot either.
 
 Blocking engine calls run in a thread pool. The bridge subscribes once to the engine's event
 stream and routes each event to its request's Watch: a final event counts its result in the
@@ -13,7 +17,7 @@ import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from kev.aggregator.result import Result
 from kev.engine.api import EngineAPI, StepCounters
@@ -28,29 +32,50 @@ log = logging.getLogger("kev.server")
 T = TypeVar("T")
 
 
-class EngineBridge:
-    unavailable: str | None = None  # a local engine, once loaded, always takes work
-    degraded: str | None = None  # and needs nothing else
+class Readiness(Protocol):
+    """Whether an engine that works through other services (a cluster's router: NATS) can take work now."""
 
-    def __init__(self, engine: EngineAPI, metrics: ServerMetrics, max_threads: int) -> None:
-        self.engine, self.metrics = engine, metrics
+    @property
+    def unavailable(self) -> str | None:
+        """Why new work is refused right now (HTTP 503), or None."""
+        ...
+
+    @property
+    def degraded(self) -> str | None:
+        """A service on the request path is down, so readiness fails, though new work still waits for it; or None."""
+        ...
+
+
+class EngineBridge:
+    def __init__(self, engine: EngineAPI, metrics: ServerMetrics, max_threads: int,
+                 readiness: Readiness | None = None) -> None:
+        """readiness: None for an engine in this process (once loaded, it always takes work)."""
+        self.engine, self.metrics, self.readiness = engine, metrics, readiness
         self.pool = ThreadPoolExecutor(max_threads, thread_name_prefix="kev-http")
         self.events = EventRouter()
         engine.subscribe(self.events)
 
     @property
     def tokenizer(self) -> Tokenizer:
+        """The served model's (the tokenizer routes, token-id prompts)."""
         return self.engine.tokenizer
 
-    def start(self) -> None:
-        """Nothing to start: the engine's loop already runs."""
+    @property
+    def unavailable(self) -> str | None:
+        return self.readiness.unavailable if self.readiness is not None else None
+
+    @property
+    def degraded(self) -> str | None:
+        return self.readiness.degraded if self.readiness is not None else None
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking engine call off the loop."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
 
     async def submit(self, queries: list[Any], options: dict[str, Any]) -> str:
-        """engine.submit off the loop; if our caller goes away meanwhile, the request is forgotten, not orphaned."""
+        """engine.submit off the loop; if our caller goes away meanwhile, the request is forgotten, not orphaned.
+
+        Raises InvalidRequestError, RejectedError, TimeoutError (overflow `wait`) or UnavailableError."""
         call = functools.partial(self.engine.submit, queries, **options)
         future = asyncio.get_running_loop().run_in_executor(self.pool, call)
         try:
@@ -86,18 +111,21 @@ class EngineBridge:
         return await self.run(self.engine.channel_states), await self.run(self.engine.queue_length)
 
     async def stats(self) -> StepCounters:
-        return self.engine.stats
+        """Step counters and the most recent steps (a cluster's steps happen on its workers: counters only)."""
+        return await self.run(lambda: self.engine.stats)
 
     def describe(self) -> dict[str, Any]:
+        """What serves: model, precision, device, pool and KV sizes (or the cluster a router feeds): the banner."""
         return self.engine.describe()
 
     async def load(self) -> EngineLoad:
+        """Questions running and waiting, KV blocks in use, prefix-cache counters (all engines added up)."""
         return await self.run(self.engine.load)
 
     async def refresh_metrics(self) -> None:
         states, queue_length = await self.channels()
-        self.metrics.refresh(list(self.engine.stats.recent), states, queue_length, self.engine.alert_counts(),
-                             await self.load())
+        stats, alerts = await self.stats(), await self.run(self.engine.alert_counts)
+        self.metrics.refresh(list(stats.recent), states, queue_length, alerts, await self.load())
 
     def watch(self, request_id: str, num_questions: int, listen: bool) -> Watch:
         watch = Watch(request_id, num_questions, asyncio.get_running_loop(), events=asyncio.Queue() if listen else None)

@@ -24,8 +24,8 @@ log = logging.getLogger("kev.server")
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 # Union branch labels pydantic puts in an error's location; they are not part of the caller's JSON path.
 UNION_TAGS = frozenset({"as_string", "as_messages", "as_object", "str", "int", "float", "bool", "list", "dict"})
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 408: "timeout", 403: "permission_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "request_too_large", 415: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 408: "timeout", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large", 415: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
 
 
@@ -51,7 +51,8 @@ def error_body(status_code: int, message: str, field: str | None, error_type: st
 
 
 def error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(error_body(err.status_code, err.message, err.field, err.error_type), err.status_code, err.headers)
+    body = error_body(err.status_code, err.message, err.field, err.error_type)
+    return JSONResponse(body, err.status_code, err.headers)
 
 
 def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -99,7 +100,8 @@ def install_handlers(app: FastAPI) -> None:
         # Starlette's own errors (404 route, 405 method, 400 unparsable body).
         field = "body" if err.status_code == 400 else ("path" if err.status_code == 404 else "method")
         detail = err.detail if isinstance(err.detail, str) else json.dumps(err.detail)
-        message = f"{request.method} {request.url.path}: {detail}" if err.status_code in (404, 405) else f"body: {detail}"
+        is_route = err.status_code in (404, 405)
+        message = f"{request.method} {request.url.path}: {detail}" if is_route else f"body: {detail}"
         headers = getattr(err, "headers", None)
         if err.status_code == 405:  # Starlette names the methods of the first matching route only
             headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(app, request.url.path))}
@@ -131,7 +133,8 @@ def _leaf_routes(routes: list[Any]) -> Iterator[Any]:
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the errors a route can answer (all share ErrorResponse)."""
-    described = {400: "malformed JSON or invalid UTF-8", 401: "missing or wrong API key", 404: "unknown request or model",
-                 413: "over a size limit (body, questions, characters)", 422: "a field is invalid; `field` names it",
-                 429: "over capacity; retry after Retry-After seconds", 503: "model loading, shutting down or wait timeout"}
+    described = {400: "malformed JSON or invalid UTF-8", 401: "missing or wrong API key",
+                 404: "unknown request or model", 413: "over a size limit (body, questions, characters)",
+                 422: "a field is invalid; `field` names it", 429: "over capacity; retry after Retry-After seconds",
+                 503: "model loading, shutting down or wait timeout"}
     return {code: {"model": ErrorResponse, "description": described.get(code, "error")} for code in codes}

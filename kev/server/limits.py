@@ -1,4 +1,5 @@
-"""The server's limits on what one caller may ask (config `server:`); over a limit is a 413/422 naming field and limit."""
+"""The server's limits on what one caller may ask (config `server:`); over a limit is a 413/422 naming the field
+and the limit."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ class Limits:
 
     def check_count(self, count: int, field: str) -> None:
         if count > self.max_questions:
-            raise ApiError(413, f"{field}: {count} questions; the limit is server.max_questions={self.max_questions}", field)
+            raise ApiError(413, f"{field}: {count} questions; the limit is server.max_questions={self.max_questions}",
+                           field)
 
     def check_chars(self, num_chars: int, field: str) -> None:
         if num_chars > self.max_question_chars:
@@ -38,7 +40,8 @@ class Limits:
 
     def check_timeout(self, value: int | None, field: str) -> None:
         if value is not None and value > self.max_timeout_ms:
-            raise ApiError(422, f"{field}: {value} exceeds the limit server.max_timeout_ms={self.max_timeout_ms}", field)
+            raise ApiError(422, f"{field}: {value} exceeds the limit server.max_timeout_ms={self.max_timeout_ms}",
+                           field)
 
     def check_submit(self, body: SubmitBody) -> None:
         self.check_count(len(body.queries), "queries")

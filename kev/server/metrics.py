@@ -41,34 +41,41 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.http_requests = Counter("kev_http_requests", "HTTP requests answered", ["route", "method", "status"], registry=r)
+        self.http_requests = Counter("kev_http_requests", "HTTP requests answered", ["route", "method", "status"],
+                                     registry=r)
         self.requests = Counter("kev_requests", "requests submitted to the engine", ["api"], registry=r)
         self.questions = Counter("kev_questions", "questions finished", ["status", "finish_reason"], registry=r)
         self.finished = Counter("kev_questions_finished", "questions finished, by isolation level and finish reason",
                                 ["isolation", "finish_reason"], registry=r)
-        self.channel_questions = Counter("kev_channel_questions", "questions finished per channel (status=rejected: rejects)",
+        self.channel_questions = Counter("kev_channel_questions",
+                                         "questions finished per channel (status=rejected: rejects)",
                                          ["channel_id", "status"], registry=r)
         self.bucket_questions = Counter("kev_hash_bucket_questions", "questions finished per router hash bucket",
                                         ["hash_bucket", "status"], registry=r)
         self.prompt_tokens = Counter("kev_prompt_tokens", "prompt tokens of finished questions", registry=r)
         self.completion_tokens = Counter("kev_completion_tokens", "completion tokens of finished questions", registry=r)
-        self.channel_tokens = Counter("kev_channel_completion_tokens", "completion tokens per channel", ["channel_id"], registry=r)
+        self.channel_tokens = Counter("kev_channel_completion_tokens", "completion tokens per channel", ["channel_id"],
+                                      registry=r)
         self.rejects = Counter("kev_rejects", "requests refused for lack of capacity", ["reason"], registry=r)
-        self.question_seconds = Histogram("kev_question_seconds", "a question's time in its channel", buckets=_SECONDS, registry=r)
+        self.question_seconds = Histogram("kev_question_seconds", "a question's time in its channel", buckets=_SECONDS,
+                                          registry=r)
         self.ttft = Histogram("kev_time_to_first_token_seconds", "submit to first token of a question, queue included",
                               buckets=_LATENCY, registry=r)
         self.e2e = Histogram("kev_e2e_request_latency_seconds", "submit to end of a question, queue included",
                              buckets=_LATENCY, registry=r)
         self.tpot = Histogram("kev_time_per_output_token_seconds", "time between two output tokens of a question "
-                              "(each gap after the first token counts once, at its question's mean)", buckets=_PER_TOKEN, registry=r)
-        self.queue_time = Histogram("kev_queue_time_seconds", "submit to start in a channel", buckets=_LATENCY, registry=r)
+                              "(each gap after the first token counts once, at its question's mean)",
+                              buckets=_PER_TOKEN, registry=r)
+        self.queue_time = Histogram("kev_queue_time_seconds", "submit to start in a channel", buckets=_LATENCY,
+                                    registry=r)
         self.question_prompt_tokens = Histogram("kev_question_prompt_tokens", "prompt tokens of one question",
                                                 buckets=_TOKENS, registry=r)
-        self.question_generation_tokens = Histogram("kev_question_generation_tokens", "generated tokens of one question",
-                                                    buckets=_TOKENS, registry=r)
+        self.question_generation_tokens = Histogram("kev_question_generation_tokens",
+                                                    "generated tokens of one question", buckets=_TOKENS, registry=r)
         self.steps = Counter("kev_engine_steps", "engine steps (one forward each)", registry=r)
         self.step_seconds = Histogram("kev_step_seconds", "time of one engine step", buckets=_SECONDS, registry=r)
-        self.step_channels = Histogram("kev_step_channels", "channels in one forward (batch size)", buckets=_SIZES, registry=r)
+        self.step_channels = Histogram("kev_step_channels", "channels in one forward (batch size)", buckets=_SIZES,
+                                       registry=r)
         self.step_tokens = Histogram("kev_step_tokens", "tokens computed in one forward", buckets=_SIZES, registry=r)
         self.queue_length = Gauge("kev_queue_length", "questions waiting for a channel", registry=r)
         self.running = Gauge("kev_questions_running", "questions in a channel now (prefill or decode)", registry=r)

@@ -40,8 +40,9 @@ class GateMiddleware:
             return await self.app(scope, receive, send)
         headers = _headers(scope)
         if self.api_key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(headers):
-            return await _refuse(scope, receive, send, 401, "Authorization: missing or wrong API key (use 'Bearer KEY')",
-                                 "Authorization", {"WWW-Authenticate": "Bearer"})
+            return await _refuse(scope, receive, send, 401,
+                                 "Authorization: missing or wrong API key (use 'Bearer KEY')", "Authorization",
+                                 {"WWW-Authenticate": "Bearer"})
         if scope["method"] not in _BODY_METHODS:
             return await self.app(scope, receive, send)
         limit, key = self.path_limits.get(scope["path"], (self.max_body_bytes, "server.max_body_bytes"))
@@ -68,7 +69,8 @@ class GateMiddleware:
             return await _refuse(scope, receive, send, 400, "body: is not valid UTF-8", "body")
         if _is_json(headers) and (huge := huge_integer(bytes(body))) is not None:
             path, digits = huge
-            return await _refuse(scope, receive, send, 422, f"{path}: an integer of {digits} digits is out of range", path)
+            return await _refuse(scope, receive, send, 422, f"{path}: an integer of {digits} digits is out of range",
+                                 path)
         await self.app(scope, _replay(bytes(body), receive), send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:

@@ -84,7 +84,8 @@ class _Sampling(_OpenAIBody):
                                 "the n with the highest total logprob are answered")
     # Structured output, per choice (each choice is its own channel with its own grammar state)
     response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: one of json, json_object, regex, choice, grammar")
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vLLM's: one of json, json_object, regex, choice, grammar")
     guided_json: dict[str, Any] | Text | None = None
     guided_regex: Text | None = None
     guided_choice: Annotated[list[Text], Field(min_length=1)] | None = None
@@ -138,9 +139,9 @@ class _Sampling(_OpenAIBody):
         _, structured = self.structure()
         options = {"max_tokens": max_tokens, "temperature": 1.0 if self.temperature is None else self.temperature,
                    "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop, "isolation": self.isolation,
-                   "timeout_ms": self.timeout_ms, "structured_outputs": structured, "logit_bias": self.logit_bias or None,
-                   "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                   "ignore_eos": self.ignore_eos}
+                   "timeout_ms": self.timeout_ms, "structured_outputs": structured,
+                   "logit_bias": self.logit_bias or None, "presence_penalty": self.presence_penalty,
+                   "frequency_penalty": self.frequency_penalty, "ignore_eos": self.ignore_eos}
         return {key: value for key, value in options.items() if value is not None}
 
     def seeded(self, query: dict[str, Any], choice: int) -> dict[str, Any]:
@@ -176,7 +177,8 @@ class CompletionBody(_Sampling):
     # A string, a list of strings, a list of token ids, or a list of lists of token ids (OpenAI's schema).
     prompt: Text | Annotated[list[TokenId], Field(min_length=1)] | Annotated[list[Text], Field(min_length=1)] \
         | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
-    max_tokens: int | None = Field(None, ge=0, description="default 16 (OpenAI's), within the server's cap; 0 with echo scores only")
+    max_tokens: int | None = Field(
+        None, ge=0, description="default 16 (OpenAI's), within the server's cap; 0 with echo scores only")
     echo: bool = Field(False, description="the prompt comes first in text (and in logprobs, its first token null)")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="alternatives per token")
 

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from kev.engine.describe import banner
 from kev.engine.stats import EngineLoad
-from kev.server.backend import Backend
+from kev.server.bridge import EngineBridge
 
 access_log = logging.getLogger("kev.access")
 stats_log = logging.getLogger("kev.stats")
 log = logging.getLogger("kev.server")
 
 
-def log_banner(backend: Backend) -> None:
+def log_banner(backend: EngineBridge) -> None:
     try:
         info = backend.describe()
     except Exception as err:  # a banner never stops a server from serving
@@ -58,7 +58,7 @@ class Throughput:
         return prompt, new_generated / seconds
 
 
-async def report_stats(backend_now: Callable[[], Backend | None], interval_s: float) -> None:
+async def report_stats(backend_now: Callable[[], EngineBridge | None], interval_s: float) -> None:
     """Every interval_s while there is work (or tokens moved since the last line): throughput, queue, KV usage."""
     last: Throughput | None = None
     while True:

@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kev.aggregator.result import Result
 from kev.server.errors import ApiError, error_body, error_responses
 from kev.server.openai_format import Reply, best_of
-from kev.server.openai_models import ChatCompletion, ChatCompletionBody, Completion, CompletionBody, ModelCard, ModelList
+from kev.server.openai_models import (ChatCompletion, ChatCompletionBody, Completion, CompletionBody, ModelCard,
+                                      ModelList)
 from kev.server.registry import Tracked
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
@@ -36,7 +37,8 @@ async def models(service: KevService = Depends(get_service)) -> ModelList:
              summary="OpenAI chat completions; n choices run as n channels")
 async def chat_completions(body: ChatCompletionBody, request: Request,
                            service: KevService = Depends(get_service)) -> Response:
-    _check_common(service, body.model, body.num_candidates, body.max_completion_tokens or body.max_tokens, body.timeout_ms)
+    _check_common(service, body.model, body.num_candidates, body.max_completion_tokens or body.max_tokens,
+                  body.timeout_ms)
     body.check_supported()
     messages = [m.to_engine() for m in body.messages]
     service.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
@@ -60,7 +62,8 @@ async def completions(body: CompletionBody, request: Request, service: KevServic
     options = {**body.engine_options(max_tokens), **body.logprob_options(max_tokens)}
     echo = tuple(p if isinstance(p, str) else service.tokenizer().decode(p, skip_special_tokens=False)
                  for p in prompts) if body.echo else None
-    reply = Reply("text", "", int(time.time()), service.model_name, body.num_candidates, body.logprobs is not None, echo)
+    reply = Reply("text", "", int(time.time()), service.model_name, body.num_candidates, body.logprobs is not None,
+                  echo)
     return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
                          body.include_usage, "completion", body.structure()[0], body.is_single, keep=body.n)
 
@@ -70,9 +73,11 @@ def _ranked(options: dict[str, Any], candidates: int, keep: int) -> dict[str, An
     return {"logprobs": 0, **options} if candidates > keep else options
 
 
-def _check_common(service: KevService, model: str, num_questions: int, max_tokens: int | None, timeout_ms: int | None) -> None:
+def _check_common(service: KevService, model: str, num_questions: int, max_tokens: int | None,
+                  timeout_ms: int | None) -> None:
     if model != service.model_name:
-        raise ApiError(404, f"model: {model!r} is not served here (this server serves {service.model_name!r})", "model")
+        raise ApiError(404, f"model: {model!r} is not served here (this server serves {service.model_name!r})",
+                       "model")
     service.limits.check_count(num_questions, "n")
     service.limits.check_max_tokens(max_tokens, "max_tokens")
     service.limits.check_timeout(timeout_ms, "timeout_ms")
@@ -109,7 +114,8 @@ async def _answer(service: KevService, request: Request, reply: Reply, queries: 
 
 def _refuse_bad_prompts(results: list[Result], reply: Reply, structure_field: str | None, single_prompt: bool) -> None:
     """A prompt the engine refused at submit (e.g. longer than core.max_context, a token id outside the
-    vocabulary, a schema that does not compile) fails the whole call, as with OpenAI; the error names the body's field."""
+    vocabulary, a schema that does not compile) fails the whole call, as with OpenAI; the error names the body's
+    field."""
     failed = next((r for r in results if r.status == "error"), None)
     if failed is None:
         return

@@ -60,13 +60,14 @@ async def stats(since: float | None = Query(None, description="only steps that e
                 service: KevService = Depends(get_service)) -> StatsResponse:
     counters = await service.ready_backend().stats()
     recent = [r for r in list(counters.recent)[-MAX_STEPS:] if since is None or r.at > since]
-    return StatsResponse(now=time.time(), num_steps=counters.num_steps, num_tokens_computed=counters.num_tokens_computed,
+    return StatsResponse(now=time.time(), num_steps=counters.num_steps,
+                         num_tokens_computed=counters.num_tokens_computed,
                          num_tokens_generated=counters.num_tokens_generated,
                          steps=[StepModel(**asdict(r)) for r in recent])
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
-                                                             **error_responses(401)},
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}, **error_responses(401)},
             summary="Prometheus metrics: requests, questions, tokens, step time, batch size, queue, rejects, alerts")
 async def metrics(service: KevService = Depends(get_service)) -> Response:
     if service.backend is not None:

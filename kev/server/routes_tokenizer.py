@@ -1,4 +1,5 @@
-"""vLLM's tokenizer routes: /tokenize, /detokenize, /tokenizer_info (lm-evaluation-harness's remote tokenizer uses them)."""
+"""vLLM's tokenizer routes: /tokenize, /detokenize, /tokenizer_info
+(lm-evaluation-harness's remote tokenizer uses them)."""
 from __future__ import annotations
 
 from typing import Annotated, Any
@@ -20,7 +21,8 @@ class TokenizeBody(_Body):
     model: Text | None = None
     prompt: Text | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
-    add_special_tokens: bool = Field(False, description="the tokenizer's post-processor tokens (e.g. BOS), if it has any")
+    add_special_tokens: bool = Field(False,
+                                     description="the tokenizer's post-processor tokens (e.g. BOS), if it has any")
     add_generation_prompt: bool = True
 
 

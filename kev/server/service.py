@@ -1,7 +1,7 @@
 """KevService: what every route shares: the backend (once loaded), limits, registry, metrics.
 
 Routes stay thin: they validate, call submit() / wait() / results() / release(), and format.
-The backend is a local engine (EngineBridge) or a cluster (DistributedBackend); see backend.py.
+The backend is an EngineBridge over the engine of deploy.mode (an Engine, replicas or a cluster); see backend.py.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError
 from kev.model.tokenizer import Tokenizer
-from kev.server.backend import Backend
+from kev.server.bridge import EngineBridge
 from kev.server.errors import ApiError
 from kev.server.limits import Limits
 from kev.server.metrics import ServerMetrics
@@ -35,16 +35,15 @@ class KevService:
         self.registry = RequestRegistry(server.max_inflight_requests, server.result_ttl_s, server.max_retained_results)
         self.model_name = server.model_name or Path(config.core.model_path).name.removesuffix(".gguf")
         self.retry_after = {"Retry-After": str(server.retry_after_s)}
-        self.backend: Backend | None = None
+        self.backend: EngineBridge | None = None
         self.load_error: str | None = None
         self.is_draining = False
         self.started_at = time.time()
 
     # --- life ----------------------------------------------------------------
-    def attach(self, backend: Backend) -> None:
-        """On the event loop, once the backend is loaded: start it, log the banner."""
+    def attach(self, backend: EngineBridge) -> None:
+        """On the event loop, once the backend is loaded: log the banner."""
         self.backend = backend
-        backend.start()
         log_banner(backend)
 
     @property
@@ -57,14 +56,14 @@ class KevService:
             return None
         return self.backend.unavailable or self.backend.degraded
 
-    def ready_backend(self) -> Backend:
+    def ready_backend(self) -> EngineBridge:
         """The backend for new work, or a 503 (with Retry-After) saying why there is none to use now."""
         backend = self.loaded_backend()
         if self.is_draining:
             raise ApiError(503, "server is shutting down", None, headers=self.retry_after)
         return backend
 
-    def loaded_backend(self) -> Backend:
+    def loaded_backend(self) -> EngineBridge:
         """The backend for work already accepted (it stays readable while the server drains)."""
         if self.backend is None:
             detail = f"model failed to load: {self.load_error}" if self.load_error else "model is still loading"
@@ -104,7 +103,8 @@ class KevService:
         if not self.registry.reserve():
             self.metrics.rejects.labels("server_busy").inc()
             raise ApiError(429, f"server busy: {self.registry.num_inflight} requests in flight; the limit is "
-                                f"server.max_inflight_requests={self.registry.max_inflight}", None, headers=self.retry_after)
+                                f"server.max_inflight_requests={self.registry.max_inflight}", None,
+                           headers=self.retry_after)
         options = {"max_tokens": self.limits.default_max_tokens, **options}
         started = time.monotonic()
         try:
@@ -125,7 +125,8 @@ class KevService:
             self.registry.unreserve()
         tracked = Tracked(request_id, backend.watch(request_id, len(queries), listen), retained)
         if self.config.server.access_log:  # set before the loop runs again, so before the watch can finish
-            tracked.watch.on_finish = lambda watch: log_access(request_id, api, watch.statuses, started, tracked.cancelled)
+            tracked.watch.on_finish = lambda watch: log_access(request_id, api, watch.statuses, started,
+                                                               tracked.cancelled)
         self.registry.add(tracked)
         self.metrics.requests.labels(api).inc()
         return tracked

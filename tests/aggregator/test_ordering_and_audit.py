@@ -56,8 +56,8 @@ def hot_records() -> list[dict]:
     # 8 channels; bucket 7 on channel 2 carries half the traffic
     records = [{"kind": "result", "hash_bucket": 7, "channel_id": 2, "queue_ms": 100.0 * i, "strategy": "semantic_hash"}
                for i in range(20)]
-    records += [{"kind": "result", "hash_bucket": 10 + i, "channel_id": i % 8, "queue_ms": 5.0, "strategy": "semantic_hash"}
-                for i in range(20)]
+    records += [{"kind": "result", "hash_bucket": 10 + i, "channel_id": i % 8, "queue_ms": 5.0,
+                 "strategy": "semantic_hash"} for i in range(20)]
     return records + [{"kind": "step", "channels": 3}, {"kind": "result", "hash_bucket": None, "channel_id": None}]
 
 

@@ -20,7 +20,8 @@ def job_lines(count: int, max_tokens: Any = lambda i: 4 + i % 5) -> list[dict[st
     lines = []
     for i in range(count):
         if i % 2 == 0:
-            url, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": f"Write one line about {TOPICS[i % 10]} (#{i})."}]}
+            content = f"Write one line about {TOPICS[i % 10]} (#{i})."
+            url, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": content}]}
         else:
             url, body = "/v1/completions", {"prompt": f"Fact {i} about {TOPICS[i % 10]}:"}
         body.update(model=MODEL, max_tokens=max_tokens(i), temperature=0)

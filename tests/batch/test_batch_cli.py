@@ -59,14 +59,16 @@ def test_a_200_line_job_equals_each_request_answered_alone(job, full_run, start_
             assert body["object"] == alone.json()["object"]
             assert answers(record) == answers({"response": {"body": alone.json()}}), line["custom_id"]
             assert body["usage"] == alone.json()["usage"], line["custom_id"]
-    assert sum(r["response"]["body"]["usage"]["completion_tokens"] for r in full_run.values()) == summary["completion_tokens"]
+    completion_tokens = sum(r["response"]["body"]["usage"]["completion_tokens"] for r in full_run.values())
+    assert completion_tokens == summary["completion_tokens"]
 
 
 def test_sigkill_halfway_then_resume_answers_each_request_once_and_unchanged(job, full_run, folder: Path) -> None:
     source, config, _ = job
     out = folder / "killed.jsonl"
     args = (source, "-o", out, "--config", config, "--quiet")
-    proc = subprocess.Popen(batch_command(*args), cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(batch_command(*args), cwd=REPO, env=env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     deadline = time.monotonic() + 900
     while not out.exists() or out.read_bytes().count(b"\n") < NUM_LINES // 2:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -107,7 +109,8 @@ def test_ordered_writes_in_input_order_though_later_lines_finish_first(folder: P
     source = write_jsonl(folder / "ordered.jsonl", lines)
     config = config_file(folder)
     for ordered, out in ((True, folder / "ordered.out"), (False, folder / "unordered.out")):
-        done = run_batch(source, "-o", out, "--config", config, "--max-inflight", "12", *(["--ordered"] if ordered else []))
+        done = run_batch(source, "-o", out, "--config", config, "--max-inflight", "12",
+                         *(["--ordered"] if ordered else []))
         assert done.returncode == 0, done.stderr
     assert [r["custom_id"] for r in read_output(folder / "ordered.out")] == [line["custom_id"] for line in lines]
     finished = [r["custom_id"] for r in read_output(folder / "unordered.out")]
@@ -129,7 +132,8 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(folder: Path) -> None:
     assert proc.returncode == 130, stderr
     assert "Resume with the same command" in stderr and "kev batch" in stderr
     written = read_output(out)
-    assert 1 <= len(written) < 40 and all(r["response"]["status_code"] == 200 for r in written), "no cancelled line written"
+    assert 1 <= len(written) < 40, "stopped half-way"
+    assert all(r["response"]["status_code"] == 200 for r in written), "no cancelled line written"
     again = run_batch(source, "-o", out, "--config", config)
     assert again.returncode == 0, again.stderr
     assert sorted(r["custom_id"] for r in read_output(out)) == [f"req-{i:03d}" for i in range(40)]

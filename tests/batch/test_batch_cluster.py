@@ -26,9 +26,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, su
     """`kev cluster up --workers 2`; yields its work folder (kev.yaml is there) and the launcher."""
     folder = tmp_path_factory.mktemp("kev-batch-cluster")
     log = (folder / "launcher.log").open("wb")
-    launcher = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "cluster", "up", "--workers", "2", "--threads", "1",
-                                 "--port", str(free_port()), "--config", str(config_file(folder)),
-                                 "--workdir", str(folder / "run")], cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT)
+    launcher = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "cluster", "up", "--workers", "2",
+                                 "--threads", "1", "--port", str(free_port()), "--config", str(config_file(folder)),
+                                 "--workdir", str(folder / "run")],
+                                cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
         while "Ctrl-C to stop" not in (folder / "launcher.log").read_text():

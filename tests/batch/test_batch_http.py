@@ -134,7 +134,8 @@ def test_a_server_killed_mid_batch_resumes_it_after_restart(tmp_path: Path) -> N
     try:
         with openai.OpenAI(base_url=f"{first.url}/v1", api_key="none", max_retries=0, timeout=120) as client:
             file_id = upload(client, tmp_path, rows)
-            batch_id = client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h").id
+            batch_id = client.batches.create(input_file_id=file_id, endpoint="/v1/completions",
+                                             completion_window="24h").id
             wait_for(client, batch_id, lambda b: b.request_counts.completed >= 5 or finished(b))
     finally:
         first.kill()  # SIGKILL, mid-batch

@@ -25,7 +25,8 @@ def openai_line(custom_id: str, url: str = "/v1/chat/completions", **body: objec
 def test_the_three_input_forms_read_as_requests() -> None:
     lines = [openai_line("a", model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0),
              openai_line("b", "/v1/completions", prompt=["x", "y"], n=2, max_tokens=2),
-             json.dumps({"prompt": "Once", "max_tokens": 5}), "", json.dumps({"messages": [{"role": "user", "content": "Q"}]})]
+             json.dumps({"prompt": "Once", "max_tokens": 5}), "",
+             json.dumps({"messages": [{"role": "user", "content": "Q"}]})]
     read, errors = read_lines(lines, "jsonl")
     assert errors == []
     assert [(r.line_no, r.custom_id, r.url) for r in read] == [
@@ -103,7 +104,8 @@ def test_resume_cuts_a_torn_last_line_and_skips_what_is_done(tmp_path: Path) -> 
 
 def test_an_output_file_of_another_job_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    out.write_text(json.dumps({"id": "x", "custom_id": "zz", "response": None, "error": {"code": "e", "message": "m"}}) + "\n")
+    stray = {"id": "x", "custom_id": "zz", "response": None, "error": {"code": "e", "message": "m"}}
+    out.write_text(json.dumps(stray) + "\n")
     with pytest.raises(KevError, match="holds custom_id 'zz', which is not in in.jsonl"):
         prepare(CONFIG, [openai_line("a")], "jsonl", "in.jsonl", JobOptions(out))
     out.write_text("hello\n")
@@ -112,8 +114,8 @@ def test_an_output_file_of_another_job_is_refused(tmp_path: Path) -> None:
 
 
 def test_route_options_carry_over_and_unsupported_ones_are_named() -> None:
-    lines = [openai_line("a", messages=[{"role": "user", "content": "Hi"}], logprobs=True, top_logprobs=2, n=2, best_of=3,
-                         temperature=0.5, seed=1),
+    lines = [openai_line("a", messages=[{"role": "user", "content": "Hi"}], logprobs=True, top_logprobs=2, n=2,
+                         best_of=3, temperature=0.5, seed=1),
              openai_line("b", "/v1/completions", prompt=[1, 2, 3], echo=True, max_tokens=2),
              openai_line("c", messages=[{"role": "user", "content": "Hi"}], tools=[{"type": "function"}])]
     requests, invalid = build_all(read_lines(lines, "jsonl")[0], RequestBuilder.from_config(CONFIG))

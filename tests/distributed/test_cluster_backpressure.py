@@ -56,7 +56,8 @@ def burst(url: str, nats_url: str) -> tuple[list[httpx.Response], dict[str, floa
         with httpx.Client(base_url=url, timeout=300) as client:
             return client.post("/v1/query", json={"queries": [QUESTIONS[i % len(QUESTIONS)]], "max_tokens": 3})
 
-    watchers = [threading.Thread(target=scrape, daemon=True), threading.Thread(target=asyncio.run, args=(watch_queue(),))]
+    watchers = [threading.Thread(target=scrape, daemon=True),
+                threading.Thread(target=asyncio.run, args=(watch_queue(),))]
     for watcher in watchers:
         watcher.start()
     with ThreadPoolExecutor(BURST) as pool:
@@ -64,8 +65,8 @@ def burst(url: str, nats_url: str) -> tuple[list[httpx.Response], dict[str, floa
     stop.set()
     for watcher in watchers:
         watcher.join(10)
-    return responses, {"partitions": max((w for w, _ in seen), default=0.0), "overflow": max((o for _, o in seen), default=0.0),
-                       "overflow_held": max(held, default=0)}
+    return responses, {"partitions": max((w for w, _ in seen), default=0.0),
+                       "overflow": max((o for _, o in seen), default=0.0), "overflow_held": max(held, default=0)}
 
 
 def check(responses: list[httpx.Response], reference: Callable[..., list]) -> dict[int, int]:

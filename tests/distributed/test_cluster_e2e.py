@@ -22,7 +22,8 @@ QUESTIONS = [f"Question {i}: what is {i} plus {i + 1}?" for i in range(12)] + [
     "What is the capital of France?", "Say hi.", "Name a colour.", "Name a fruit.", "什么是KV Cache?", "写一句诗",
     [{"role": "user", "content": "Count to three."}], {"prompt": "The sky is", "max_tokens": 5},
     {"text": "Explain batching in one line.", "priority": 3}, "Hello!", "What day is it?", "2+2=?"]
-VOLATILE = {"request_id", "channel_id", "elapsed_ms", "started_at", "finished_at", "queue_ms", "ttft_ms", "tpot_ms", "worker", "rerouted"}
+VOLATILE = {"request_id", "channel_id", "elapsed_ms", "started_at", "finished_at", "queue_ms", "ttft_ms", "tpot_ms",
+            "worker", "rerouted"}
 LONG = {"prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 200}
 
 
@@ -50,7 +51,8 @@ def same_as_single(results: list[dict[str, Any]], expected: list[dict[str, Any]]
     """Every field but where/when it ran is what single mode answers (text, tokens, reasons, audit fields)."""
     assert len(results) == len(expected)
     for got, want in zip(results, expected):
-        assert {k: v for k, v in got.items() if k not in VOLATILE} == {k: v for k, v in want.items() if k not in VOLATILE}
+        assert {k: v for k, v in got.items() if k not in VOLATILE} == {k: v for k, v in want.items()
+                                                                       if k not in VOLATILE}
 
 
 def test_answers_equal_single_mode_in_slot_order(client: httpx.Client, reference: Callable[..., list]) -> None:
@@ -112,7 +114,8 @@ async def _revisions(url: str, keys: list[tuple[str, int]]) -> list[int]:
 def test_openai_chat_equals_single_mode(client: httpx.Client, single: httpx.Client) -> None:
     body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is 2+2?"}],
             "max_tokens": 6, "n": 2, "temperature": 0}
-    got, want = client.post("/v1/chat/completions", json=body).json(), single.post("/v1/chat/completions", json=body).json()
+    got = client.post("/v1/chat/completions", json=body).json()
+    want = single.post("/v1/chat/completions", json=body).json()
     assert [c["message"] for c in got["choices"]] == [c["message"] for c in want["choices"]]
     assert got["usage"] == want["usage"] and got["system_fingerprint"] == want["system_fingerprint"]
 
@@ -122,7 +125,8 @@ def test_scoring_and_structure_equal_single_mode(client: httpx.Client, single: h
     body = {"queries": [{"prompt": "The capital of France is", "prompt_logprobs": True, "max_tokens": 0},
                         {"text": "Is ice cold?", "structured_outputs": {"choice": ["yes", "no"]}}, "Hi"],
             "max_tokens": 4, "logprobs": 2}
-    got, want = client.post("/v1/query", json=body).json()["results"], single.post("/v1/query", json=body).json()["results"]
+    got = client.post("/v1/query", json=body).json()["results"]
+    want = single.post("/v1/query", json=body).json()["results"]
     assert want[0]["prompt_logprobs"] and want[1]["text"] in ("yes", "no") and len(want[2]["logprobs"]) == 4
     same_as_single(got, want)
 
@@ -131,7 +135,8 @@ def test_bad_input_answers_as_single_mode(client: httpx.Client, single: httpx.Cl
     bad_option = {"queries": ["hi"], "isolation": "loose"}
     assert client.post("/v1/query", json=bad_option).json() == single.post("/v1/query", json=bad_option).json()
     mixed = {"queries": ["Say hi.", {"text": "   "}, {"prompt": "word " * 4200}], "max_tokens": 3}
-    got, want = client.post("/v1/query", json=mixed).json()["results"], single.post("/v1/query", json=mixed).json()["results"]
+    got = client.post("/v1/query", json=mixed).json()["results"]
+    want = single.post("/v1/query", json=mixed).json()["results"]
     for i in (1, 2):
         assert got[i]["status"] == "error" and got[i]["error"] == want[i]["error"], got[i]
     same_as_single(got[:1], want[:1])

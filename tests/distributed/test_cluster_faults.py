@@ -38,7 +38,8 @@ def held_by(client: httpx.Client, worker: str, request_id: str) -> set[int]:
 def backlog(client: httpx.Client) -> float:
     """Questions on the queue or pulled and not yet acked (acked = answer published), as the router sees them."""
     text = client.get("/metrics").text
-    return sum(metric(text, name) for name in ("kev_partition_waiting", "kev_partition_running", "kev_overflow_waiting"))
+    names = ("kev_partition_waiting", "kev_partition_running", "kev_overflow_waiting")
+    return sum(metric(text, name) for name in names)
 
 
 def test_a_killed_workers_questions_are_answered_once_by_the_others(cluster: Cluster, client: httpx.Client,
@@ -86,8 +87,8 @@ def test_a_killed_workers_questions_are_served_first_under_load(cluster: Cluster
     assert [r["status"] for r in results] == ["ok"] * 8, "no placeholder, no timeout"
     assert all(results[i]["worker"] == "worker0" for i in held)
     ack_wait_s = cluster.config["deploy"]["ack_wait_s"]
-    print(f"\nworker1 killed holding {sorted(held)}: all 8 answered {recovered_s:.1f} s later (ack_wait_s {ack_wait_s}); "
-          f"{len(outcomes)} load requests meanwhile, all 200 ok")
+    print(f"\nworker1 killed holding {sorted(held)}: all 8 answered {recovered_s:.1f} s later "
+          f"(ack_wait_s {ack_wait_s}); {len(outcomes)} load requests meanwhile, all 200 ok")
     assert recovered_s < ack_wait_s + 60, f"worker1's questions took {recovered_s:.1f}s after the kill"
     assert outcomes and all(r.status_code == 200 and r.json()["results"][0]["status"] == "ok" for r in outcomes)
     cluster.start_worker(1)

@@ -25,8 +25,10 @@ def test_cluster_up_answers_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     port = free_port()
     log = (tmp_path / "launcher.log").open("wb")
     launcher = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "cluster", "up", "--workers", "1", "--port",
-                                 str(port), "--threads", "1", "--config", str(config), "--workdir", str(tmp_path / "run")],
-                                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT)
+                                 str(port), "--threads", "1", "--config", str(config),
+                                 "--workdir", str(tmp_path / "run")],
+                                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
+                                stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
         while "Ctrl-C to stop" not in (tmp_path / "launcher.log").read_text() and time.monotonic() < deadline:

@@ -20,13 +20,17 @@ from kev.distributed.relay import StreamPosition
 from kev.distributed.router_requests import OpenRequest
 from kev.distributed.subjects import Topology
 from kev.distributed.worker_job import Job
+from kev.engine.request import EventListener, StreamEvent
 from kev.engine.stats import EngineLoad
 from kev.router.features import QuestionFeatures
+from kev.server.bridge import EngineBridge
+from kev.server.metrics import ServerMetrics
 from kev.server.watch import Watch
 
 
 def item(**changes: object) -> WorkItem:
-    fields = {"request_id": "r1", "index": 0, "question": "hi", "reply": "router1", "submitted_at": 1.0, "expires_at": 2.0}
+    fields = {"request_id": "r1", "index": 0, "question": "hi", "reply": "router1", "submitted_at": 1.0,
+              "expires_at": 2.0}
     return WorkItem(**{**fields, **changes})  # type: ignore[arg-type]
 
 
@@ -101,36 +105,40 @@ def result(index: int, text: str = "ab", ids: list[int] | None = None) -> Result
 
 
 def test_the_routers_request_keeps_one_answer_per_question_and_closes_streams() -> None:
-    async def scenario() -> None:
-        request = OpenRequest("r1", 3, "seq_append", "strict", {0, 1, 2})
-        # before the watch
-        request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="a", token_ids=[1]))
-        watch = Watch("r1", 3, asyncio.get_running_loop(), events=asyncio.Queue())
-        request.attach(watch)
-        assert request.add_result(result(0), seq=7)
-        assert not request.add_result(result(0, "zz"), seq=9), "a duplicate is dropped"
-        request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="b", token_ids=[2]))  # late: dropped
-        assert request.add_result(result(2), seq=3) and request.add_result(result(1), seq=5)
-        events = []
-        while (event := await watch.events.get()) is not None:  # type: ignore[union-attr]
-            events.append(event)
-        streamed = [(e.text, e.token_ids) for e in events if e.index == 0 and not e.finished]
-        assert streamed == [("a", [1]), ("b", [2])], "the answer closes a stream its deltas did not finish"
-        assert [r.index for r in request.ordered()] == [2, 1, 0], "seq_append: acceptance order"
-        assert watch.done.is_set() or (await asyncio.sleep(0)) is None
+    events: list[StreamEvent] = []
+    request = OpenRequest("r1", 3, "seq_append", "strict", {0, 1, 2}, listeners=[events.append])
+    request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="a", token_ids=[1]))
+    assert request.add_result(result(0), seq=7)
+    assert not request.add_result(result(0, "zz"), seq=9), "a duplicate is dropped"
+    request.add_delta(DeltaMessage(request_id="r1", index=0, reply="x", text="b", token_ids=[2]))  # late: dropped
+    assert request.add_result(result(2), seq=3) and request.add_result(result(1), seq=5)
+    streamed = [(e.text, e.token_ids) for e in events if e.index == 0 and not e.finished]
+    assert streamed == [("a", [1]), ("b", [2])], "the answer closes a stream its deltas did not finish"
+    assert [r.index for r in request.ordered()] == [2, 1, 0], "seq_append: acceptance order"
+    assert request.view.done.is_set() and {e.request_id for e in events} == {"r1"}
+    assert list(request.view.iter_events(0)) == events, "stream() gets what the listeners got"
 
-    asyncio.run(scenario())
+
+class Subscribable:
+    def __init__(self) -> None:
+        self.listeners: list[EventListener] = []
+
+    def subscribe(self, listener: EventListener) -> None:
+        self.listeners.append(listener)
 
 
 def test_watch_counts_statuses_for_the_access_line_streamed_or_not() -> None:
     async def scenario() -> None:
-        request = OpenRequest("r2", 2, "slot_map", "strict", {0, 1})
+        router = Subscribable()
+        bridge = EngineBridge(router, ServerMetrics(), 1)  # type: ignore[arg-type]  # only subscribe() is called
+        request = OpenRequest("r2", 2, "slot_map", "strict", {0, 1}, listeners=router.listeners)
+        request.add_result(result(0), seq=1)  # before the watch: held for it
+        watch = bridge.watch("r2", 2, listen=False)  # nobody streams
         finished: list[Watch] = []
-        watch = Watch("r2", 2, asyncio.get_running_loop(), on_finish=finished.append)  # nobody streams
-        request.attach(watch)
-        request.add_result(result(0), seq=1)
+        watch.on_finish = finished.append
         request.add_result(Result("r2", 1, status="timeout", finish_reason="timeout"), seq=2)
         await asyncio.wait_for(watch.done.wait(), 5)
+        bridge.pool.shutdown()
         assert finished == [watch] and dict(watch.statuses) == {"ok": 1, "timeout": 1}
 
     asyncio.run(scenario())
@@ -140,7 +148,8 @@ def test_a_worker_answer_counts_its_waits_from_the_routers_submit() -> None:
     item = WorkItem(request_id="r3", index=0, question="q", reply="router", submitted_at=100.0, expires_at=999.0)
     engine_result = Result("engine-rid", 0, status="ok", started_at=102.5, queue_ms=500.0, ttft_ms=800.0, tpot_ms=40.0)
     answer = Job(item, Msg(None, subject="work"), "w0").answer(engine_result).result  # a plain NATS message
-    assert (answer["queue_ms"], answer["ttft_ms"], answer["tpot_ms"]) == (2500.0, 2800.0, 40.0), "the stream wait included"
+    waits = (answer["queue_ms"], answer["ttft_ms"], answer["tpot_ms"])
+    assert waits == (2500.0, 2800.0, 40.0), "the stream wait included"
 
 
 def test_cluster_counters_keep_a_gone_workers_count_and_gauges_drop_it() -> None:

@@ -125,8 +125,8 @@ def test_budget_caps_are_errors_not_clipping(engine):
 def test_priority_is_admitted_first_and_ordered_first(make_engine, mode, expected):
     engine = make_engine({"core": {"max_context": 512}, "aggregator": {"mode": mode},
                           "router": {"channel_pool_size": 1, "max_parallel_queries": 1}})
-    results = engine.generate([{"text": "a", "priority": 0}, {"text": "b", "priority": 9}, {"text": "c", "priority": 5}],
-                              max_tokens=2, timeout=60)
+    questions = [{"text": "a", "priority": 0}, {"text": "b", "priority": 9}, {"text": "c", "priority": 5}]
+    results = engine.generate(questions, max_tokens=2, timeout=60)
     started = sorted(results, key=lambda r: r.started_at)
     assert [r.index for r in started] == [1, 2, 0]  # one channel: the scheduler admits by priority
     assert [r.index for r in results] == expected

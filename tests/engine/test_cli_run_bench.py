@@ -31,7 +31,8 @@ def test_kev_run_reads_questions_from_a_file_and_stdin(capsys, monkeypatch, tmp_
     code = main(["run", "--max-tokens", "2", "--json", "first", "-", "--file", str(tmp_path / "questions.txt")])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert code == 0
-    assert [r["original_text"] for r in lines] == ["first", "Name a colour.", "What is 2+2?", "Hi"], "- is stdin, not a question"
+    originals = [r["original_text"] for r in lines]
+    assert originals == ["first", "Name a colour.", "What is 2+2?", "Hi"], "- is stdin, not a question"
 
 
 def test_kev_run_timeout_cancels_what_is_unfinished(capsys):

@@ -3,8 +3,9 @@
 semantic_hash puts the near-variants in one bucket; placement is work-conserving, so the
 bucket's channel takes them only while it is idle, and a question queued behind it moves to
 a channel that falls idle: no channel piles them up. consistent_hash with bounded loads, or
-the breaker, keep every channel at or under (1+ε)× the mean as well. `kev stats` on each run's audit log reports which is which. The whole
-stream is one request, so placement is decided before anything runs (deterministic).
+the breaker, keep every channel at or under (1+ε)× the mean as well. `kev stats` on each run's
+audit log reports which is which. The whole stream is one request, so placement is decided
+before anything runs (deterministic).
 """
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ def test_semantic_hash_reports_the_hot_buckets_but_no_channel_piles_them(logs, c
     report = summarize(read_records(logs["semantic_hash"]), epsilon=EPSILON, num_channels=POOL)
     busiest = max(report.channels, key=lambda c: c.count)
     with capsys.disabled():
+        hot = [(b.bucket, f"{b.share:.0%}") for b in report.hot_buckets]
         print(f"\nsemantic_hash: busiest channel {busiest.channel_id} takes {busiest.share:.0%} "
-              f"({busiest.load_vs_mean:.2f}x the mean); hot buckets {[(b.bucket, f'{b.share:.0%}') for b in report.hot_buckets]}")
+              f"({busiest.load_vs_mean:.2f}x the mean); hot buckets {hot}")
     assert not busiest.is_over and report.hot_buckets  # before issue 13 one channel took >= 40%
     assert report.hot_buckets[0].moved > 0  # the hot bucket's questions were moved off its channel, and it says so
     out = kev_stats_json(logs["semantic_hash"], capsys)
@@ -69,7 +71,8 @@ def test_semantic_hash_reports_the_hot_buckets_but_no_channel_piles_them(logs, c
 def test_bounded_loads_and_the_breaker_keep_every_channel_under_the_line(logs, capsys, run):
     report = summarize(read_records(logs[run]), epsilon=EPSILON, num_channels=POOL)
     with capsys.disabled():
-        print(f"\n{run}: busiest channel {report.max_load_vs_mean:.2f}x the mean; counts {[c.count for c in report.channels]}; "
+        print(f"\n{run}: busiest channel {report.max_load_vs_mean:.2f}x the mean; "
+              f"counts {[c.count for c in report.channels]}; "
               f"rerouted {sum(r['rerouted'] for r in read_records(logs[run], 'result'))}")
     assert report.max_load_vs_mean <= 1 + EPSILON and not any(c.is_over for c in report.channels)
     assert report.hot_buckets  # the traffic is just as skewed: only the placement changed

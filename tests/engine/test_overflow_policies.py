@@ -14,8 +14,8 @@ SMALL = {"core": {"max_context": 512}}
 
 def engine_with(make_engine, **router):
     """Two channels, the shipped channel_queue_depth (0): a question is taken only by an idle channel."""
-    return make_engine({**SMALL, "router": {"strategy": "round_robin", "channel_pool_size": 2, "max_parallel_queries": 2,
-                                            **router}})
+    return make_engine({**SMALL, "router": {"strategy": "round_robin", "channel_pool_size": 2,
+                                            "max_parallel_queries": 2, **router}})
 
 
 def wait_until(predicate, timeout: float = 60.0) -> None:

@@ -53,7 +53,8 @@ def test_split_channels_hold_what_the_plan_says_at_their_length(make_engine):
         for q in engine.parts.scheduler.running:
             plan = plan_for(engine, typical_tokens=q.num_computed)
             held = len(blocks.block_table(q.channel_id)) * 16 * plan.kv_bytes_per_token
-            assert held == plan.levels[0].per_channel_typical_bytes, f"channel {q.channel_id} at {q.num_computed} tokens"
+            typical = plan.levels[0].per_channel_typical_bytes
+            assert held == typical, f"channel {q.channel_id} at {q.num_computed} tokens"
             checked += 1
         assert blocks.num_used_blocks * 16 * plan.kv_bytes_per_token <= plan.levels[0].total_max_bytes
     assert checked and all(r.status == "ok" for r in engine.wait(rid))

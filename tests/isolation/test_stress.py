@@ -32,14 +32,16 @@ def test_questions_vary_and_some_end_near_max_context(tokenizer):
 
 def test_strict_soak_ends_in_time_without_failures_or_alerts(default_model):
     model, tokenizer = default_model
-    base = kev.load_config({"core": {"max_context": 256}, "router": {"max_parallel_queries": 4, "channel_pool_size": 6}})
+    base = kev.load_config({"core": {"max_context": 256},
+                            "router": {"max_parallel_queries": 4, "channel_pool_size": 6}})
     engines = []
 
     def factory(config):
         engines.append(kev.Engine(config, build_parts(config, model, tokenizer)))
         return engines[-1]
 
-    report = run_stress(factory, base, StressOptions(duration_s=10, num_questions=8, max_tokens=6, levels=("strict",), seed=1))
+    options = StressOptions(duration_s=10, num_questions=8, max_tokens=6, levels=("strict",), seed=1)
+    report = run_stress(factory, base, options)
     level = report.levels[0]
     assert report.duration_s < 10 + 20, "ends by itself (one step or one solo run may overrun)"
     assert level.submitted > 0 and level.failed == 0, level.problems

@@ -35,7 +35,8 @@ def test_variant_matches_transformers(name, tmp_path, default_model):
             for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 proj.bias.data.normal_(0, 0.5)
     reference.save_pretrained(tmp_path)
-    config = kev.load_config({"core": {"max_context": 256, "prefill_chunk": 8}, "router": {"default_timeout_ms": 600_000}})
+    config = kev.load_config({"core": {"max_context": 256, "prefill_chunk": 8},
+                              "router": {"default_timeout_ms": 600_000}})
     model = load_model(tmp_path, "fp32", torch.device("cpu"), 256)
     engine = kev.Engine(config, build_parts(config, model, default_model[1]), record_logits=True)
     prompt = torch.randint(0, 512, (37,)).tolist()

@@ -15,7 +15,8 @@ from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
-TINY = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+TINY = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,8 @@ def test_chat_template_jinja_renders_as_transformers_does(folder: Path) -> None:
 
     assert not Tokenizer.from_folder(folder).has_chat_template
     shutil.copy(folder / "template.jinja", folder / "chat_template.jinja")
-    expected = AutoTokenizer.from_pretrained(folder).apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    reference = AutoTokenizer.from_pretrained(folder)
+    expected = reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert Tokenizer.from_folder(folder).render_chat(MESSAGES) == expected
 
 
@@ -77,7 +79,8 @@ def test_instruct_model_without_template_warns_and_override_fixes_it(default_fol
     assert "looks like an instruct model but has no chat template" in caplog.text and "--chat-template" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="kev.engine"):
-        _, tokenizer = load_model_and_tokenizer(kev.load_config({"core": {"model_path": str(bare), "chat_template": TINY}}))
+        config = kev.load_config({"core": {"model_path": str(bare), "chat_template": TINY}})
+        _, tokenizer = load_model_and_tokenizer(config)
     assert tokenizer.has_chat_template and "no chat template" not in caplog.text
 
 

@@ -64,7 +64,8 @@ def test_unsupported_gguf_tensor_type(capsys, tmp_path: Path, monkeypatch: pytes
 @pytest.mark.service
 def test_serve_says_it_in_one_line_and_exits_2(gpt2: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "kev.cli.main", "serve", "--model", str(gpt2), "--port", "0"],
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == ("kev serve: config.json: model_type 'gpt2' is not supported "
                                                     f"(supported: {SUPPORTED})")

@@ -116,7 +116,8 @@ def test_length_aware_tiers_own_disjoint_channels():
 
 
 def test_categories_route_before_hashing():
-    r, pool = router(strategy="semantic_hash", categories={"refund": ["退款", "refund"], "address": ["地址"]}), FakePool(8)
+    r = router(strategy="semantic_hash", categories={"refund": ["退款", "refund"], "address": ["地址"]})
+    pool = FakePool(8)
     assert [r.describe(t, 5).category for t in ("怎么退款", "How do I get a REFUND?", "改地址", "天气")] == \
         ["refund", "refund", "address", "other"]
     groups = {g.name: set(g.channels) for g in r.layout.groups}

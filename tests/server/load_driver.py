@@ -38,7 +38,8 @@ QUESTIONS: list[str] = [
 ]
 # Enough capacity for 64 clients; long timeouts so a slow shared CPU never turns answers into placeholders.
 SERVER_CONFIG: dict[str, Any] = {"router": {"max_parallel_queries": 16, "channel_pool_size": 32,
-                                                            "default_timeout_ms": 600_000}, "server": {"max_inflight_requests": 256}}
+                                            "default_timeout_ms": 600_000},
+                                 "server": {"max_inflight_requests": 256}}
 
 
 @dataclass
@@ -124,7 +125,8 @@ def _check(report: LoadReport, questions: list[str], body: dict[str, Any], solo:
         report.truncated += result["status"] != "ok"
         reference = solo[questions[result["index"]]]
         if (result["token_ids"], result["text"]) != (reference["token_ids"], reference["text"]):
-            report.mismatches.append(f"{body['request_id']}#{result['index']}: {result['text']!r} != solo {reference['text']!r}")
+            report.mismatches.append(f"{body['request_id']}#{result['index']}: {result['text']!r} "
+                                     f"!= solo {reference['text']!r}")
 
 
 async def measure(url: str, headers: dict[str, str], clients: int, requests_per_client: int, max_tokens: int,
@@ -138,8 +140,9 @@ async def measure(url: str, headers: dict[str, str], clients: int, requests_per_
 def machine(precision: str) -> str:
     memory_kib = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
                           if line.startswith("MemTotal")).split()[1])
-    return (f"{os.cpu_count()} CPU cores, {memory_kib / 2**20:.0f} GiB RAM, no GPU; Python {platform.python_version()}, "
-            f"torch {importlib.metadata.version('torch')} (CPU), {precision}, default model smollm2-135m-instruct")
+    return (f"{os.cpu_count()} CPU cores, {memory_kib / 2**20:.0f} GiB RAM, no GPU; "
+            f"Python {platform.python_version()}, torch {importlib.metadata.version('torch')} (CPU), {precision}, "
+            "default model smollm2-135m-instruct")
 
 
 def server_cpu_s(pid: int) -> float:
@@ -149,7 +152,8 @@ def server_cpu_s(pid: int) -> float:
 
 def markdown(report: LoadReport, max_tokens: int, requests_per_client: int, peak_rss_mib: float, cpu_s: float) -> str:
     statuses = ", ".join(f"{code}: {count}" for code, count in sorted(report.statuses.items()))
-    rows = [("clients (concurrent)", report.clients), ("requests", f"{report.requests} ({requests_per_client} per client, 1-2 questions each)"),
+    rows = [("clients (concurrent)", report.clients),
+            ("requests", f"{report.requests} ({requests_per_client} per client, 1-2 questions each)"),
             ("questions answered", report.questions), ("max_tokens (greedy)", max_tokens),
             ("HTTP statuses", statuses), ("lost / duplicated answers", f"{report.lost} / {report.duplicated}"),
             ("answers different from solo", len(report.mismatches)),
@@ -158,11 +162,13 @@ def markdown(report: LoadReport, max_tokens: int, requests_per_client: int, peak
             ("wall time", f"{report.wall_s:.1f} s"),
             ("throughput", f"{report.requests / report.wall_s:.2f} requests/s, {report.questions / report.wall_s:.2f} "
                            f"questions/s, {report.completion_tokens / report.wall_s:.1f} completion tokens/s"),
-            ("request latency p50 / p99", f"{report.percentile_ms(0.5) / 1000:.2f} s / {report.percentile_ms(0.99) / 1000:.2f} s"),
+            ("request latency p50 / p99",
+             f"{report.percentile_ms(0.5) / 1000:.2f} s / {report.percentile_ms(0.99) / 1000:.2f} s"),
             ("server peak RSS (VmHWM)", f"{peak_rss_mib:.0f} MiB"),
             ("server CPU time (solo + load phases)", f"{cpu_s:.0f} s ({cpu_s / report.wall_s:.2f} cores)"),
-            ("machine 1-min load average (mean / max)", f"{sum(report.load_samples) / max(1, len(report.load_samples)):.1f} / "
-                                                        f"{max(report.load_samples, default=0):.1f}")]
+            ("machine 1-min load average (mean / max)",
+             f"{sum(report.load_samples) / max(1, len(report.load_samples)):.1f} / "
+             f"{max(report.load_samples, default=0):.1f}")]
     lines = ["| measure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)]
     return "\n".join(lines) + "\n"
 
@@ -182,7 +188,8 @@ def main() -> int:
     server = ServerProcess(config, Path(tempfile.mkdtemp(prefix="kev-load-"))).start()
     try:
         cpu_before = server_cpu_s(server.proc.pid)  # type: ignore[union-attr]
-        report = asyncio.run(measure(server.url, server.headers, args.clients, args.requests, args.max_tokens, args.budget))
+        report = asyncio.run(measure(server.url, server.headers, args.clients, args.requests, args.max_tokens,
+                                     args.budget))
         cpu = server_cpu_s(server.proc.pid) - cpu_before  # type: ignore[union-attr]
         peak = server.peak_rss_mib()
     finally:
@@ -193,7 +200,8 @@ def main() -> int:
     precision = load_config(config).core.resolved_precision
     text = (f"# kev serve load test\n\nMachine: {machine(precision)}.\n\nRecipe: `python tests/server/load_driver.py "
             f"--clients {args.clients} --requests {args.requests} --max-tokens {args.max_tokens}"
-            f"{' --defaults' if args.defaults else ''}` (server config: `{config}`; exit code on SIGTERM: {code}).\n\n{table}")
+            f"{' --defaults' if args.defaults else ''}` (server config: `{config}`; "
+            f"exit code on SIGTERM: {code}).\n\n{table}")
     print(text)
     if args.write:
         args.write.write_text(text)

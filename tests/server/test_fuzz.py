@@ -16,7 +16,8 @@ KEY = "fuzz-key"
 CONFIG = {"server": {"max_body_bytes": 16384, "max_questions": 3, "max_question_chars": 64, "max_tokens_cap": 4,
                      "max_timeout_ms": 5000},
           "router": {"default_max_tokens": 4, "default_timeout_ms": 5000}}
-CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,negative_data_rejection"
+CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,"
+          "negative_data_rejection")
 
 
 def test_schemathesis_finds_no_failure(start_server, tmp_path: Path) -> None:

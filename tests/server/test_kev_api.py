@@ -1,4 +1,5 @@
-"""The Kev API over real HTTP: /v1/query (JSON and SSE), async /v1/requests, /v1/channels, /metrics, cancel on disconnect."""
+"""The Kev API over real HTTP: /v1/query (JSON and SSE), async /v1/requests, /v1/channels, /metrics,
+cancel on disconnect."""
 from __future__ import annotations
 
 import time
@@ -15,7 +16,8 @@ AUDIT_FIELDS = {"request_id", "index", "channel_id", "hash_bucket", "strategy", 
                 "token_ids", "numerics_fingerprint"}
 # A raw prompt the model keeps continuing: long enough to be cancelled while it runs.
 LONG = {"prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400}
-MIXED = ["What is the capital of France?", [{"role": "user", "content": "Say hi."}], {"prompt": "The sky is", "max_tokens": 6}]
+MIXED = ["What is the capital of France?", [{"role": "user", "content": "Say hi."}],
+         {"prompt": "The sky is", "max_tokens": 6}]
 
 
 @pytest.fixture(scope="module")
@@ -144,14 +146,17 @@ def test_timed_out_question_is_a_placeholder_and_others_complete(client: httpx.C
 
 
 def test_stream_disconnect_cancels_its_questions(client: httpx.Client, server: ServerProcess) -> None:
-    before = metric(client.get("/metrics").text, "kev_questions_total", status="cancelled")
+    def cancelled() -> float:
+        return metric(client.get("/metrics").text, "kev_questions_total", status="cancelled")
+
+    before = cancelled()
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as own:
         with own.stream("POST", "/v1/query", json={"queries": [LONG, LONG], "stream": True}) as response:
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("event:")) == "event: delta"
     # the connection is closed now, mid-answer
     wait_until(lambda: channels_idle(client))
-    after = wait_until(lambda: (m := metric(client.get("/metrics").text, "kev_questions_total", status="cancelled")) >= before + 2 and m)
+    after = wait_until(lambda: (m := cancelled()) >= before + 2 and m)
     assert after == before + 2
 
 

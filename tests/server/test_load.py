@@ -1,4 +1,5 @@
-"""64 concurrent clients against one server: nothing lost, nothing duplicated, no 5xx, every answer equal to its solo answer."""
+"""64 concurrent clients against one server: nothing lost, nothing duplicated, no 5xx, every answer equal to its
+solo answer."""
 from __future__ import annotations
 
 import asyncio

@@ -4,41 +4,23 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from harness import ServerProcess
 
 pytestmark = pytest.mark.service
 
 MODEL = "smollm2-135m-instruct"
-KEY = "sk-kev-test"
-
-
-@pytest.fixture(scope="module")
-def server(start_server) -> ServerProcess:
-    return start_server({"router": {"default_timeout_ms": 120_000}}, api_key=KEY)
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> openai.OpenAI:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def kev_http(server, client_for) -> httpx.Client:
-    return client_for(server)
 
 
 def solo(kev_http: httpx.Client, question: dict, max_tokens: int) -> dict:
     return kev_http.post("/v1/query", json={"queries": [question], "max_tokens": max_tokens}).json()["results"][0]
 
 
-def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
-    assert [m.id for m in client.models.list()] == [MODEL]
+def test_models_lists_the_served_model(openai_client: openai.OpenAI) -> None:
+    assert [m.id for m in openai_client.models.list()] == [MODEL]
 
 
-def test_chat_completion_equals_the_kev_answer(client: openai.OpenAI, kev_http: httpx.Client) -> None:
+def test_chat_completion_equals_the_kev_answer(openai_client: openai.OpenAI, kev_http: httpx.Client) -> None:
     messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2+2?"}]
-    completion = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    completion = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
     expected = solo(kev_http, {"messages": messages}, 8)
     assert completion.object == "chat.completion" and completion.model == MODEL
     assert completion.choices[0].message.role == "assistant"
@@ -50,12 +32,12 @@ def test_chat_completion_equals_the_kev_answer(client: openai.OpenAI, kev_http: 
     assert completion.system_fingerprint == expected["numerics_fingerprint"]
 
 
-def test_chat_stream_reassembles_to_the_non_stream_answer(client: openai.OpenAI) -> None:
+def test_chat_stream_reassembles_to_the_non_stream_answer(openai_client: openai.OpenAI) -> None:
     args = {"model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 10,
             "temperature": 0, "n": 2}
-    plain = client.chat.completions.create(**args)
+    plain = openai_client.chat.completions.create(**args)
     text, reasons, usage = {0: "", 1: ""}, {}, None
-    for chunk in client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}):
+    for chunk in openai_client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}):
         assert chunk.object == "chat.completion.chunk"
         if chunk.usage is not None:
             usage = chunk.usage
@@ -68,64 +50,68 @@ def test_chat_stream_reassembles_to_the_non_stream_answer(client: openai.OpenAI)
     assert usage is not None and usage.model_dump() == plain.usage.model_dump()
 
 
-def test_n_greedy_choices_agree_and_count_the_prompt_once(client: openai.OpenAI) -> None:
-    completion = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                                                max_tokens=6, temperature=0, n=3)
+def test_n_greedy_choices_agree_and_count_the_prompt_once(openai_client: openai.OpenAI) -> None:
+    completion = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                       max_tokens=6, temperature=0, n=3)
     assert [c.index for c in completion.choices] == [0, 1, 2]
     assert len({c.message.content for c in completion.choices}) == 1, "greedy choices are identical"
-    one = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0)
+    one = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=6, temperature=0)
     assert completion.usage.prompt_tokens == one.usage.prompt_tokens
     assert completion.usage.completion_tokens == 3 * one.usage.completion_tokens
 
 
-def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
+def test_seeded_sampling_is_reproducible(openai_client: openai.OpenAI) -> None:
     args = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a word."}], "max_tokens": 8,
             "temperature": 1.0, "top_p": 0.9, "seed": 7, "n": 2}
-    first, second = client.chat.completions.create(**args), client.chat.completions.create(**args)
+    first, second = openai_client.chat.completions.create(**args), openai_client.chat.completions.create(**args)
     assert [c.message.content for c in first.choices] == [c.message.content for c in second.choices]
 
 
-def test_stop_string_ends_the_answer(client: openai.OpenAI) -> None:
-    full = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
+def test_stop_string_ends_the_answer(openai_client: openai.OpenAI) -> None:
+    full = openai_client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
     assert "7" in full.choices[0].text
-    cut = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=["7"])
+    cut = openai_client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=["7"])
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].text == full.choices[0].text[:full.choices[0].text.index("7")]
 
 
-def test_completions_list_of_prompts_runs_one_channel_each(client: openai.OpenAI, kev_http: httpx.Client) -> None:
+def test_completions_list_of_prompts_runs_one_channel_each(openai_client: openai.OpenAI,
+                                                           kev_http: httpx.Client) -> None:
     prompts = ["The capital of France is", "Water boils at", "1, 2, 3,"]
-    completion = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0)
+    completion = openai_client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0)
     assert completion.object == "text_completion"
     assert [c.index for c in completion.choices] == [0, 1, 2]
     for prompt, choice in zip(prompts, completion.choices):
         assert choice.text == solo(kev_http, {"prompt": prompt}, 6)["text"], "each prompt answers as if alone"
     streamed = {0: "", 1: "", 2: ""}
-    for chunk in client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0, stream=True):
+    chunks = openai_client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0, stream=True)
+    for chunk in chunks:
         for choice in chunk.choices:
             streamed[choice.index] += choice.text
     assert [streamed[i] for i in range(3)] == [c.text for c in completion.choices]
 
 
-def test_errors_are_openai_errors(client: openai.OpenAI) -> None:
+def test_errors_are_openai_errors(openai_client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as not_found:
-        client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        openai_client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=4)
     assert not_found.value.body["param"] == "model"
     with pytest.raises(openai.UnprocessableEntityError) as invalid:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "Hi"}], max_tokens=4)
+        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "wizard", "content": "Hi"}], max_tokens=4)
     assert invalid.value.body["field"] == "messages[0].role"
     with pytest.raises(openai.AuthenticationError):
-        client.with_options(api_key="wrong").models.list()
+        openai_client.with_options(api_key="wrong").models.list()
 
 
-def test_a_timed_out_answer_says_timeout_not_length(client: openai.OpenAI) -> None:
+def test_a_timed_out_answer_says_timeout_not_length(openai_client: openai.OpenAI) -> None:
     """Issue 13: a deadline that fires keeps the partial text and says so (non-standard "timeout")."""
     messages = [{"role": "user", "content": "Write a long story about the sea."}]
-    completion = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=200, temperature=0,
-                                                extra_body={"timeout_ms": 1})
+    completion = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=200, temperature=0,
+                                                       extra_body={"timeout_ms": 1})
     assert completion.choices[0].finish_reason == "timeout"
     assert 0 < completion.usage.completion_tokens < 200
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=200, temperature=0,
-                                                 stream=True, extra_body={"timeout_ms": 1}))
+    chunks = list(openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=200, temperature=0,
+                                                        stream=True, extra_body={"timeout_ms": 1}))
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["timeout"]
     assert "\ufffd" not in completion.choices[0].message.content

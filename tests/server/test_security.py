@@ -18,8 +18,9 @@ MODEL = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def server(start_server) -> ServerProcess:
-    config = {"server": LIMITS, "router": {"default_max_tokens": 4, "overflow_policy": "reject", "max_parallel_queries": 2,
-                                           "channel_pool_size": 4, "default_timeout_ms": 120_000},
+    config = {"server": LIMITS, "router": {"default_max_tokens": 4, "overflow_policy": "reject",
+                                           "max_parallel_queries": 2, "channel_pool_size": 4,
+                                           "default_timeout_ms": 120_000},
               "core": {"max_context": 64}}
     return start_server(config, api_key=KEY)
 
@@ -37,9 +38,10 @@ def refused(response: httpx.Response, status: int, field: str | None) -> dict[st
 
 
 # --- API key --------------------------------------------------------------------
-ROUTES = [("GET", "/readyz"), ("GET", "/v1/models"), ("GET", "/v1/channels"), ("GET", "/metrics"), ("GET", "/openapi.json"),
-          ("GET", "/v1/requests/abc"), ("DELETE", "/v1/requests/abc"), ("POST", "/v1/query"), ("POST", "/v1/requests"),
-          ("POST", "/v1/chat/completions"), ("POST", "/v1/completions")]
+ROUTES = [("GET", "/readyz"), ("GET", "/v1/models"), ("GET", "/v1/channels"), ("GET", "/metrics"),
+          ("GET", "/openapi.json"), ("GET", "/v1/requests/abc"), ("DELETE", "/v1/requests/abc"),
+          ("POST", "/v1/query"), ("POST", "/v1/requests"), ("POST", "/v1/chat/completions"),
+          ("POST", "/v1/completions")]
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
