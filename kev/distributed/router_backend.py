@@ -42,6 +42,8 @@ GRACE_S = 2.0  # a worker's own timeout result gets this long to arrive before t
 
 
 class DistributedBackend:
+    failure: str | None = None  # the cluster's faults are retried, never final
+
     def __init__(self, config: KevConfig, metrics: ServerMetrics) -> None:
         self.config, self.metrics = config, metrics
         model = load_router_model(config)  # the loader thread: tokenizer + embedding table

@@ -48,7 +48,7 @@ class Engine:
                  background: bool = True) -> None:
         """background=False: no loop thread; wait() and run_until_idle() drive step() in the caller."""
         self.config = config
-        self.failure: str | None = None  # why the engine stopped for good (a tensor-parallel rank died)
+        self._failure: str | None = None  # why a step failed for good (see `failure`)
         self._closed = True  # until setup has finished: a loop thread that sees it set ends
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
@@ -126,8 +126,10 @@ class Engine:
         questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config,
                                             self.runner.model.config.vocab_size, self.parts.router, self.grammars)
         with self._lock:
+            if (failure := self.failure) is not None:
+                raise UnavailableError(failure)
             if self._closed:
-                raise UnavailableError(self.failure) if self.failure else InvalidRequestError("engine is closed")
+                raise InvalidRequestError("engine is closed")
             self.requests[request_id] = request
             self.scheduler.open_request(request_id, options.max_parallel)
             request.questions.update((q.index, q) for q in questions)
@@ -259,6 +261,11 @@ class Engine:
     def num_steps(self) -> int:
         return self.stats.num_steps
 
+    @property
+    def failure(self) -> str | None:
+        """Why the engine can never compute again (a tensor-parallel rank died, seen by a step or while idle)."""
+        return self._failure or self.runner.failure
+
     def channel_states(self) -> list[dict[str, Any]]:
         """Live state of every channel in the pool: idle / prefill / decode, and whose question it holds."""
         with self._lock:
@@ -309,9 +316,9 @@ class Engine:
         """The engine cannot compute any more: every unfinished question ends in error and no new one is taken."""
         log.error("engine failed: %s", err)
         with self._lock:
-            self.failure, self._closed = str(err), True
+            self._failure, self._closed = str(err), True
             unfinished = [q for r in self.requests.values() for q in r.questions.values() if not q.is_finished]
-            self.output.process([self.scheduler.finish(q, "error", self.failure) for q in unfinished])
+            self.output.process([self.scheduler.finish(q, "error", self._failure) for q in unfinished])
             self._wake_bound()
             self._lock.notify_all()
 

@@ -43,6 +43,11 @@ class ModelRunner:
         """Let go of what the runner started (tensor parallelism's followers); nothing here."""
 
     @property
+    def failure(self) -> str | None:
+        """Why the runner can never run again (a tensor-parallel rank is gone); None here."""
+        return None
+
+    @property
     def kv_bytes_per_token(self) -> int:
         cfg = self.model.config
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize

@@ -112,6 +112,12 @@ class TensorParallelRunner(ModelRunner):
     def close(self) -> None:
         self._stop()
 
+    @property
+    def failure(self) -> str | None:
+        if not self._stop.alive:  # closed: the followers were told to stop
+            return None
+        return next((why for f in self.followers if (why := f.why_gone()) is not None), None)
+
     def _send(self, message: tuple[str, Any]) -> None:
         data = pickle.dumps(message)
         for follower in self.followers:
@@ -210,12 +216,14 @@ def start_tensor_parallel(config: KevConfig, model: LlamaModel, num_blocks: int,
     followers: list[Follower] = []
     try:
         for rank in range(1, world):
-            followers.append(Follower.start(rank, FollowerSetup(config, rank, str(devices[rank]), num_blocks, store.port)))
+            setup = FollowerSetup(config, rank, str(devices[rank]), num_blocks, store.port)
+            followers.append(Follower.start(rank, setup))
         for follower in followers:
             _wait_ready(follower)
         tensor_group = TensorGroup.connect(store, 0, world, devices[0], COLLECTIVE_TIMEOUT_S)
         shard = shard_model(model, tensor_group)
-        runner = TensorParallelRunner(shard, num_blocks, config.core.block_size, prepare_shard(config, shard), followers)
+        plan = prepare_shard(config, shard)
+        runner = TensorParallelRunner(shard, num_blocks, config.core.block_size, plan, followers)
     except BaseException:
         stop_followers(followers)
         raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,7 +42,7 @@ class TensorGroup:
 
     rank: int
     world: int
-    process_group: dist.ProcessGroup
+    process_group: Any  # dist.ProcessGroupGloo | ProcessGroupNCCL (torch's stubs do not list their allgather)
     backend: str  # nccl | gloo
     staged: bool  # gloo over CUDA tensors (ranks sharing one device): gather through host memory
     store: dist.Store  # where the ranks met (rank 0 serves it for as long as the group lives)
@@ -52,7 +53,7 @@ class TensorGroup:
         every rank has its own CUDA device, gloo otherwise; a collective that waits longer than timeout_s raises."""
         timeout = timedelta(seconds=timeout_s)
         nccl = device.type == "cuda" and dist.is_nccl_available() and _distinct_cuda_devices(store, rank, world, device)
-        group: dist.ProcessGroup
+        group: dist.ProcessGroupGloo | dist.ProcessGroupNCCL
         if nccl:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
@@ -110,8 +111,10 @@ def shard_model(model: LlamaModel, group: TensorGroup) -> LlamaModel:
     shard = copy.deepcopy(model, memo=shared)  # the module tree anew; every tensor still model's
     shard.fused_layers = None  # the sums run between layers: the Python layer loop
     for layer in shard.layers:
-        _shard_attention(layer.self_attn, group)
-        _shard_mlp(layer.mlp, model.config.intermediate_size, group)
+        attn, mlp = layer.self_attn, layer.mlp
+        assert isinstance(attn, Attention) and isinstance(mlp, MLP)  # check_shardable
+        _shard_attention(attn, group)
+        _shard_mlp(mlp, model.config.intermediate_size, group)
     return shard
 
 

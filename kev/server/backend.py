@@ -34,6 +34,11 @@ class Backend(Protocol):
         """A service on the request path is down, so readiness fails, though new work still waits for it; or None."""
         ...
 
+    @property
+    def failure(self) -> str | None:
+        """Why the backend can never answer again (a tensor-parallel rank died): the server stops, exit non-zero."""
+        ...
+
     def start(self) -> None:
         """On the event loop, once: begin whatever runs in the background (connections)."""
         ...

@@ -29,8 +29,7 @@ T = TypeVar("T")
 
 
 class EngineBridge:
-    unavailable: str | None = None  # a local engine, once loaded, always takes work
-    degraded: str | None = None  # and needs nothing else
+    degraded: str | None = None  # a local engine needs nothing else
 
     def __init__(self, engine: EngineAPI, metrics: ServerMetrics, max_threads: int) -> None:
         self.engine, self.metrics = engine, metrics
@@ -41,6 +40,15 @@ class EngineBridge:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
+
+    @property
+    def unavailable(self) -> str | None:
+        """A local engine, once loaded, takes work until it fails for good."""
+        return self.engine.failure
+
+    @property
+    def failure(self) -> str | None:
+        return self.engine.failure
 
     def start(self) -> None:
         """Nothing to start: the engine's loop already runs."""
