@@ -133,8 +133,9 @@ class TensorParallelRunner(ModelRunner):
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
             gone = [why for f in self.followers if (why := f.why_gone()) is not None]
-            if gone:
-                return EngineFailedError(f"{'; '.join(gone)}; this engine stops (its questions failed): {err}")
+            if gone:  # the cause; the collective's own complaint (a closed socket) goes to the log only
+                log.error("tensor-parallel step failed: %s", err)
+                return EngineFailedError(f"{'; '.join(gone)}; this engine stops (its questions failed)")
             time.sleep(0.05)
         return EngineFailedError(f"tensor-parallel step failed, the ranks are out of step; this engine stops "
                                  f"(its questions failed): {err!r}")

@@ -3,13 +3,18 @@ every packed answer bit-identical to the same question alone under tensor_parall
 groups, and a rank that dies fails the questions in flight with a clear error instead of hanging."""
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
+from harness import ServerProcess
 
 import kev
 from kev.engine.engine_setup import build_parts
@@ -118,3 +123,21 @@ def test_a_dead_rank_fails_the_questions_in_flight(default_model: Any) -> None:
             engine.submit(["Hi"])
     finally:
         engine.close()
+
+
+def test_kev_serve_exits_non_zero_when_a_rank_dies(tmp_path: Path) -> None:
+    server = ServerProcess({"core": {"tensor_parallel": 2, "precision": "fp32"}}, tmp_path).start()
+    try:
+        answer = httpx.post(f"{server.url}/v1/completions", timeout=120,
+                            json={"model": "smollm2-135m-instruct", "prompt": "The capital of France is", "max_tokens": 4})
+        assert answer.status_code == 200, answer.text
+        assert server.proc is not None
+        children = [pid for task in Path(f"/proc/{server.proc.pid}/task").iterdir()
+                    for pid in (task / "children").read_text().split()]  # the loader thread started them
+        followers = [int(pid) for pid in children if b"kev.engine.tp_follower" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(followers) == 1
+        os.kill(followers[0], signal.SIGKILL)  # while idle: the server notices without a request
+        assert server.proc.wait(60) == 2
+        assert "tensor-parallel rank 1" in server.log() and "exited with code -9" in server.log()
+    finally:
+        server.kill()
