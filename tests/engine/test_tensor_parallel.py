@@ -128,13 +128,14 @@ def test_a_dead_rank_fails_the_questions_in_flight(default_model: Any) -> None:
 def test_kev_serve_exits_non_zero_when_a_rank_dies(tmp_path: Path) -> None:
     server = ServerProcess({"core": {"tensor_parallel": 2, "precision": "fp32"}}, tmp_path).start()
     try:
-        answer = httpx.post(f"{server.url}/v1/completions", timeout=120,
-                            json={"model": "smollm2-135m-instruct", "prompt": "The capital of France is", "max_tokens": 4})
+        body = {"model": "smollm2-135m-instruct", "prompt": "The capital of France is", "max_tokens": 4}
+        answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
         assert answer.status_code == 200, answer.text
         assert server.proc is not None
         children = [pid for task in Path(f"/proc/{server.proc.pid}/task").iterdir()
                     for pid in (task / "children").read_text().split()]  # the loader thread started them
-        followers = [int(pid) for pid in children if b"kev.engine.tp_follower" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        followers = [int(pid) for pid in children
+                     if b"kev.engine.tp_follower" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         assert len(followers) == 1
         os.kill(followers[0], signal.SIGKILL)  # while idle: the server notices without a request
         assert server.proc.wait(60) == 2
