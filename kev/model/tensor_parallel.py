@@ -95,6 +95,8 @@ class RowParallelLinear(Linear):
 def check_shardable(model: LlamaModel, world: int) -> None:
     """ConfigError when the model cannot be split over `world` ranks."""
     cfg = model.config
+    if any(isinstance(module, RowParallelLinear) for module in model.modules()):
+        raise ConfigError("core.tensor_parallel: this model is already one rank's shard; split the loaded model")
     if world > cfg.num_kv_heads:
         raise ConfigError(f"core.tensor_parallel ({world}) exceeds the model's {cfg.num_kv_heads} key/value heads "
                           "(each rank keeps whole heads)")
