@@ -103,6 +103,11 @@ def check_shardable(model: LlamaModel, world: int) -> None:
     for layer in model.layers:
         if not (isinstance(layer.self_attn, Attention) and isinstance(layer.mlp, MLP)):
             raise ConfigError(f"core.tensor_parallel: {cfg.model_type} layers are not the Llama shape Kev splits")
+        attn, mlp = layer.self_attn, layer.mlp
+        for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            if type(linear) is not Linear or not linear.weight.dtype.is_floating_point:
+                raise ConfigError(f"core.tensor_parallel: {type(linear).__name__} weights of {linear.weight.dtype} are "
+                                  "not split yet (float weights only, not core.precision int8)")
 
 
 def shard_model(model: LlamaModel, group: TensorGroup) -> LlamaModel:
