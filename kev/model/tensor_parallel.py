@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from kev.errors import ConfigError
-from kev.model.linear import Linear
+from kev.model.linear import GemmWeight, Linear
 from kev.model.llama import MLP, Attention, LlamaModel
 
 
@@ -103,26 +103,39 @@ def check_shardable(model: LlamaModel, world: int) -> None:
     for layer in model.layers:
         if not (isinstance(layer.self_attn, Attention) and isinstance(layer.mlp, MLP)):
             raise ConfigError(f"core.tensor_parallel: {cfg.model_type} layers are not the Llama shape Kev splits")
-        attn, mlp = layer.self_attn, layer.mlp
-        for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-            if type(linear) is not Linear or not linear.weight.dtype.is_floating_point:
+        for linear in _linears(layer.self_attn, layer.mlp):
+            if type(linear) is not Linear or linear.scale is not None or not linear.weight.dtype.is_floating_point:
                 raise ConfigError(f"core.tensor_parallel: {type(linear).__name__} weights of {linear.weight.dtype} are "
                                   "not split yet (float weights only, not core.precision int8)")
 
 
 def shard_model(model: LlamaModel, group: TensorGroup) -> LlamaModel:
-    """This rank's copy of the model: split layers, whole embeddings/norms/lm_head (the same tensors as `model`'s,
-    not copies). `model` itself is left as it was, so a caller may share it (multi_gpu replicas)."""
+    """This rank's copy of the model: split layers, whole embeddings/norms/lm_head (copies: prepacking a Linear
+    replaces its weight in place). `model` itself is left as it was, so a caller may share it (multi_gpu replicas,
+    tests), prepacked or not."""
     check_shardable(model, group.world)
-    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    shard = copy.deepcopy(model, memo=shared)  # the module tree anew; every tensor still model's
+    wholes = [_blocks(layer) for layer in model.layers]
+    # The linears to split are replaced below: not worth copying (the copy holds None until then).
+    skipped: dict[int, object] = {id(linear): None for attn, mlp in wholes for linear in _linears(attn, mlp)}
+    shard = copy.deepcopy(model, memo=skipped)
     shard.fused_layers = None  # the sums run between layers: the Python layer loop
-    for layer in shard.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        assert isinstance(attn, Attention) and isinstance(mlp, MLP)  # check_shardable
+    for (whole_attn, whole_mlp), layer in zip(wholes, shard.layers):
+        attn, mlp = _blocks(layer)
+        attn.qkv_proj, attn.o_proj = whole_attn.qkv_proj, whole_attn.o_proj  # read, never changed
+        mlp.gate_up_proj, mlp.down_proj = whole_mlp.gate_up_proj, whole_mlp.down_proj
         _shard_attention(attn, group)
         _shard_mlp(mlp, model.config.intermediate_size, group)
     return shard
+
+
+def _blocks(layer: nn.Module) -> tuple[Attention, MLP]:
+    attn, mlp = layer.self_attn, layer.mlp
+    assert isinstance(attn, Attention) and isinstance(mlp, MLP)  # check_shardable
+    return attn, mlp
+
+
+def _linears(attn: Attention, mlp: MLP) -> tuple[Linear, Linear, Linear, Linear]:
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
 
 
 def _shard_attention(attn: Attention, group: TensorGroup) -> None:
@@ -147,7 +160,8 @@ def _shard_mlp(mlp: MLP, intermediate: int, group: TensorGroup) -> None:
 
 def _column_slices(linear: Linear, ranges: list[tuple[int, int]]) -> Linear:
     """The output rows in `ranges` of a fused linear, fused again in order."""
-    weight = torch.cat([linear.weight[a:b] for a, b in ranges])  # [out_shard, in_features]
+    whole = _weight(linear)
+    weight = torch.cat([whole[a:b] for a, b in ranges])  # [out_shard, in_features]
     cut = Linear(weight.shape[1], weight.shape[0], linear.bias is not None)
     cut.weight = nn.Parameter(weight, requires_grad=False)
     if linear.bias is not None:
@@ -156,9 +170,14 @@ def _column_slices(linear: Linear, ranges: list[tuple[int, int]]) -> Linear:
 
 
 def _row_slice(linear: Linear, columns: tuple[int, int], group: TensorGroup) -> RowParallelLinear:
-    weight = linear.weight[:, columns[0]:columns[1]].contiguous()  # [out_features, in_shard]
+    weight = _weight(linear)[:, columns[0]:columns[1]].contiguous()  # [out_features, in_shard]
     cut = RowParallelLinear(weight.shape[1], weight.shape[0], linear.bias is not None and group.rank == 0, group)
     cut.weight = nn.Parameter(weight, requires_grad=False)
     if cut.bias is not None and linear.bias is not None:
         cut.bias = nn.Parameter(linear.bias.clone(), requires_grad=False)
     return cut
+
+
+def _weight(linear: Linear) -> torch.Tensor:
+    """W [out, in] as the model holds it (Kev's GEMM packing keeps the only copy once prepacked)."""
+    return linear.packed.unpack() if isinstance(linear.packed, GemmWeight) else linear.weight
