@@ -66,8 +66,9 @@ def main() -> None:
     for name, stack in stacks.items():
         times = []
         for m in (int(r) for r in args.rows.split(",")):
-            xs = {k: torch.randn(m, k, generator=gen).bfloat16() for k in (HIDDEN, INTERMEDIATE)}
-            times.append(f"M={m} {median_ms(lambda: [f(xs[w.shape[1]]) for layer, ws in zip(stack, weights) for f, w in zip(layer, ws)]):.1f}")
+            calls = [(f, torch.randn(m, w.shape[1], generator=gen).bfloat16())
+                     for layer, ws in zip(stack, weights) for f, w in zip(layer, ws)]
+            times.append(f"M={m} {median_ms(lambda calls=calls: [f(x) for f, x in calls]):.1f}")
         print(f"{name:28s} {'  '.join(times)}  row-invariant: {row_invariant(stack[0][0], SHAPES[0][1])}")
 
 

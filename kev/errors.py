@@ -38,3 +38,8 @@ class UnavailableError(KevError):
 class UnsupportedModelError(KevError, ValueError):
     """A model Kev cannot run: an architecture, a GGUF tensor type or tokenizer it does not know, or no weights.
     The message names the thing and what is supported."""
+
+
+class EngineFailedError(KevError):
+    """The engine can no longer compute (a tensor-parallel rank died or fell out of step): it failed the questions
+    it held and takes no more; the message says which rank and why."""

@@ -14,12 +14,13 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="core.model_path: HF folder, .gguf file or alias")
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16", "int8"], help="core.precision")
     parser.add_argument("--threads", type=int, help="core.threads (torch CPU threads)")
+    parser.add_argument("--tensor-parallel", type=int, help="core.tensor_parallel (ranks the model is split over)")
     parser.add_argument("--chat-template", help="core.chat_template: a Jinja file, or the template itself")
 
 
 def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> KevConfig:
     core = {key: value for key, value in (("model_path", args.model), ("precision", args.precision),
-                                           ("threads", args.threads),
+                                           ("threads", args.threads), ("tensor_parallel", args.tensor_parallel),
                                            ("chat_template", args.chat_template)) if value is not None}
     overrides: dict[str, Any] = {"core": core} if core else {}
     for section, values in (extra or {}).items():

@@ -169,7 +169,10 @@ class CoreConfig(_Section):
     batch_invariant: bool = True
     threads: int | None = Field(None, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=1)
-    tensor_parallel: int = Field(1, ge=1)  # reserved: sharding one model over devices is not implemented
+    # Ranks one model is split over (Megatron-style, kev/model/tensor_parallel.py), each a process Kev starts; at most
+    # the model's key/value heads. single: on core.device (CUDA: the next devices); multi_gpu: per replica, a group of
+    # this many of deploy.devices.
+    tensor_parallel: int = Field(1, ge=1, le=64)
 
     @property
     def resolved_precision(self) -> str:
@@ -178,9 +181,6 @@ class CoreConfig(_Section):
 
     @model_validator(mode="after")
     def _chunk_fits_budget(self) -> CoreConfig:
-        if self.tensor_parallel > 1:
-            raise ValueError(f"core.tensor_parallel ({self.tensor_parallel}): tensor parallelism is not implemented; "
-                             "use deploy.mode multi_gpu (one engine replica per device) or distributed")
         if self.prefill_chunk > self.max_step_tokens:
             raise ValueError(
                 f"core.prefill_chunk ({self.prefill_chunk}) exceeds core.max_step_tokens ({self.max_step_tokens})"
@@ -224,7 +224,11 @@ class KevConfig(_Section):
         router = self.router
         groups = (len(router.categories) + 1 if router.categories else 1) * (
             len(router.length_tiers) + 1 if router.strategy == "length_aware" else 1)
-        slots = {"multi_gpu": len(self.deploy.devices), "distributed": self.deploy.num_partitions}.get(self.deploy.mode)
+        size = self.core.tensor_parallel
+        if self.deploy.mode == "multi_gpu" and len(self.deploy.devices) % size:
+            raise ValueError(f"deploy.devices ({len(self.deploy.devices)}) must be a multiple of core.tensor_parallel "
+                             f"({size}): each replica is a group of {size} devices")
+        slots = {"multi_gpu": len(self.deploy.devices) // size, "distributed": self.deploy.num_partitions}.get(self.deploy.mode)
         if slots is not None and groups > slots:
             key = "deploy.devices" if self.deploy.mode == "multi_gpu" else "deploy.partitions"
             raise ValueError(f"{key}: the router's {groups} channel groups (router.categories x length tiers) "

@@ -5,9 +5,8 @@ questions are placed on replicas by the router's strategy over replicas (placeme
 breaker and spill read each replica's queue), each replica gets its share as one request
 and packs it into its own forwards. One subscription per replica to its event stream maps
 the events back to the caller's request and indexes (no thread per request). Replicas on the
-same device share one copy of the weights (read-only).
-Tensor parallelism (one model split over devices) is not implemented: core.tensor_parallel > 1
-is a config error.
+same device share one copy of the weights (read-only). Under core.tensor_parallel N, a replica is a group
+of N consecutive deploy.devices, its model split over them (kev/engine/tp_runner.py).
 """
 from __future__ import annotations
 
@@ -67,15 +66,19 @@ class ReplicaStats:
 class ReplicaEngine:
     def __init__(self, config: KevConfig) -> None:
         self.config = config
-        self.devices = list(config.deploy.devices)
+        size = config.core.tensor_parallel
+        groups = [list(config.deploy.devices[i:i + size]) for i in range(0, len(config.deploy.devices), size)]
+        self.devices = ["+".join(group) for group in groups]  # a replica's devices, as results name them
         self.replicas: list[Engine] = []
         loaded: dict[str, Any] = {}  # device -> (model, tokenizer): one copy of the weights per device
-        for device in self.devices:
+        for group in groups:
+            device = group[0]
             replica_config = config.model_copy(update={"core": config.core.model_copy(update={"device": device})})
             if device not in loaded:
                 loaded[device] = load_model_and_tokenizer(replica_config)
             model, tokenizer = loaded[device]
-            self.replicas.append(Engine(replica_config, build_parts(replica_config, model, tokenizer)))
+            tp_devices = group if size > 1 else None
+            self.replicas.append(Engine(replica_config, build_parts(replica_config, model, tokenizer, tp_devices)))
         first = self.replicas[0]
         self.tokenizer = first.tokenizer
         encoder = MeanEmbedder(first.runner.model.embed_tokens.full_weight(), first.tokenizer)
@@ -221,6 +224,11 @@ class ReplicaEngine:
 
     def load(self) -> EngineLoad:
         return sum((replica.load() for replica in self.replicas), EngineLoad())
+
+    @property
+    def failure(self) -> str | None:
+        """Why a replica stopped for good (a tensor-parallel rank died), or None."""
+        return next((f"replica {i}: {r.failure}" for i, r in enumerate(self.replicas) if r.failure), None)
 
     @property
     def num_steps(self) -> int:

@@ -47,6 +47,8 @@ GRACE_S = 2.0  # a worker's own timeout result gets this long to arrive before t
 
 
 class DistributedBackend:
+    failure: str | None = None  # the cluster's faults are retried, never final
+
     def __init__(self, config: KevConfig, registry: CollectorRegistry) -> None:
         """registry: where the cluster's gauges go (the server's /metrics)."""
         self.config = config

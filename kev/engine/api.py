@@ -71,4 +71,9 @@ class EngineAPI(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    @property
+    def failure(self) -> str | None:
+        """Why the engine stopped for good (a tensor-parallel rank died; its questions failed), or None."""
+        ...
+
     def close(self) -> None: ...

@@ -35,7 +35,8 @@ from kev.engine.plan import StepPlan
 from kev.engine.stats import EngineLoad, EngineStats
 from kev.engine.structured import GrammarCompiler
 from kev.engine.submission import SubmitOptions, build_questions
-from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnknownRequestError
+from kev.errors import (EngineFailedError, InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError,
+                        UnknownRequestError)
 from kev.isolation.audit import Alert, AuditLog
 from kev.model.step_metadata import StepMetadata
 
@@ -47,6 +48,7 @@ class Engine:
                  background: bool = True) -> None:
         """background=False: no loop thread; wait() and run_until_idle() drive step() in the caller."""
         self.config = config
+        self._failure: str | None = None  # why a step failed for good (see `failure`)
         self._closed = True  # until setup has finished: a loop thread that sees it set ends
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
@@ -124,6 +126,8 @@ class Engine:
         questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config,
                                             self.runner.model.config.vocab_size, self.parts.router, self.grammars)
         with self._lock:
+            if (failure := self.failure) is not None:
+                raise UnavailableError(failure)
             if self._closed:
                 raise InvalidRequestError("engine is closed")
             self.requests[request_id] = request
@@ -199,6 +203,7 @@ class Engine:
             self._lock.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.runner.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -256,6 +261,11 @@ class Engine:
     def num_steps(self) -> int:
         return self.stats.num_steps
 
+    @property
+    def failure(self) -> str | None:
+        """Why the engine can never compute again (a tensor-parallel rank died, seen by a step or while idle)."""
+        return self._failure or self.runner.failure
+
     def channel_states(self) -> list[dict[str, Any]]:
         """Live state of every channel in the pool: idle / prefill / decode, and whose question it holds."""
         with self._lock:
@@ -296,7 +306,21 @@ class Engine:
 
     def run_until_idle(self) -> None:
         while self.scheduler.has_work():
-            self.step()
+            try:
+                self.step()
+            except EngineFailedError as err:
+                self._fail(err)
+                raise
+
+    def _fail(self, err: EngineFailedError) -> None:
+        """The engine cannot compute any more: every unfinished question ends in error and no new one is taken."""
+        log.error("engine failed: %s", err)
+        with self._lock:
+            self._failure, self._closed = str(err), True
+            unfinished = [q for r in self.requests.values() for q in r.questions.values() if not q.is_finished]
+            self.output.process([self.scheduler.finish(q, "error", self._failure) for q in unfinished])
+            self._wake_bound()
+            self._lock.notify_all()
 
     def _wait_for_room(self, questions: list[Question], seconds: float | None) -> None:
         """overflow_policy `wait`, lock held: let the step loop bind the waiting questions to channels."""
@@ -334,6 +358,9 @@ class Engine:
                     return
             try:
                 self.step()
+            except EngineFailedError as err:  # this one does fail the engine
+                self._fail(err)
+                return
             except Exception as err:  # a broken step fails its questions, never the engine
                 log.exception("step failed")
                 with self._lock:

@@ -87,7 +87,9 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
     return replace(fixed, free_rows=True, min_rows=verdict.min_rows, max_sample_rows=max_samples)
 
 
-def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: Tokenizer | None = None) -> EngineParts:
+def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: Tokenizer | None = None,
+                tp_devices: list[str] | None = None) -> EngineParts:
+    """tp_devices: under core.tensor_parallel, the ranks' devices (multi_gpu: one replica's share of deploy.devices)."""
     if model is None or tokenizer is None:
         model, tokenizer = load_model_and_tokenizer(config)
     core, router = config.core, config.router
@@ -98,7 +100,12 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     if unified:
         for channel in range(router.channel_pool_size):
             blocks.reserve(channel, core.max_context)
-    runner = ModelRunner(model, num_blocks, core.block_size, tile_plan(config, model))
+    if core.tensor_parallel > 1:
+        from kev.engine.tp_runner import start_tensor_parallel
+
+        runner: ModelRunner = start_tensor_parallel(config, model, num_blocks, tp_devices)
+    else:
+        runner = ModelRunner(model, num_blocks, core.block_size, tile_plan(config, model))
     log.info("linear rows: %s; row ops and decode attention: %s; %s, %d threads (OMP_WAIT_POLICY=%s)", runner.plan.label,
              "kev kernels" if model.cpu_kernels else "torch ops", runner.dtype, torch.get_num_threads(),
              os.environ.get("OMP_WAIT_POLICY", "unset"))

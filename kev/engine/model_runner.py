@@ -17,8 +17,9 @@ class ModelRunner:
         self.model, self.plan = model, plan
         cfg = model.config
         self.device, self.dtype = model.device, model.dtype
+        kv_heads = model.first_blocks()[0].num_kv_heads  # this rank's share under tensor parallelism
         self.caches = [
-            PagedKVLayer(num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+            PagedKVLayer(num_blocks * block_size, kv_heads, cfg.head_dim, self.dtype, self.device)
             for _ in range(cfg.num_layers)
         ]
         self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan, model.cpu_kernels,
@@ -37,6 +38,14 @@ class ModelRunner:
             dst = torch.tensor(destination, dtype=torch.long, device=self.device)
             for cache in self.caches:
                 cache.copy_slots(src, dst)
+
+    def close(self) -> None:
+        """Let go of what the runner started (tensor parallelism's followers); nothing here."""
+
+    @property
+    def failure(self) -> str | None:
+        """Why the runner can never run again (a tensor-parallel rank is gone); None here."""
+        return None
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -21,7 +21,7 @@ import kev
 from kev.config import KevConfig
 from kev.batch.server_batches import BatchManager
 from kev.batch.store import BatchStore
-from kev.errors import KevError
+from kev.errors import EngineFailedError, KevError
 from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_tokenizer
 from kev.server.backend import EngineFactory, build_backend
 from kev.server.errors import install_handlers
@@ -36,7 +36,8 @@ log = logging.getLogger("kev.server")
 
 def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory | None = None,
               on_load_failed: Callable[[Exception], None] | None = None) -> FastAPI:
-    """api_key overrides config.server.api_key; on_load_failed lets the CLI stop the server if the model cannot load.
+    """api_key overrides config.server.api_key; on_load_failed lets the CLI stop the server if the model cannot load
+    (or the engine fails for good later: a tensor-parallel rank died).
 
     engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
     metrics = ServerMetrics()
@@ -51,7 +52,9 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
         batches.start()  # unfinished batches of an earlier run go on once the model is ready
         interval = config.server.stats_interval_s
         stats = asyncio.ensure_future(report_stats(lambda: service.backend, interval)) if interval > 0 else None
+        watch = asyncio.ensure_future(_stop_on_failure(service, on_load_failed))
         yield
+        watch.cancel()
         if stats is not None:
             stats.cancel()
         await batches.shutdown()  # first: what they cut short is not written, and the next start resumes it
@@ -86,6 +89,17 @@ def _document_served_model(app: FastAPI, model_name: str) -> None:
         return app.openapi_schema  # type: ignore[return-value]  # generate() above has filled it
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to adjust the schema
+
+
+async def _stop_on_failure(service: KevService, on_failed: Callable[[Exception], None] | None) -> None:
+    """A backend that fails for good (a tensor-parallel rank died) stops the server, which then exits non-zero;
+    meanwhile /health answers 503 with the reason."""
+    while (backend := service.backend) is None or backend.failure is None:
+        await asyncio.sleep(0.5)
+    log.error("the engine failed: %s", backend.failure)
+    service.load_error = backend.failure
+    if on_failed is not None:
+        on_failed(EngineFailedError(backend.failure))
 
 
 def _load(service: KevService, factory: EngineFactory | None, loop: asyncio.AbstractEventLoop,

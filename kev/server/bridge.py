@@ -62,11 +62,17 @@ class EngineBridge:
 
     @property
     def unavailable(self) -> str | None:
-        return self.readiness.unavailable if self.readiness is not None else None
+        """Why new work is refused (HTTP 503): the engine failed for good, or a service it needs is down."""
+        return self.engine.failure or (self.readiness.unavailable if self.readiness is not None else None)
 
     @property
     def degraded(self) -> str | None:
         return self.readiness.degraded if self.readiness is not None else None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine can never answer again (a tensor-parallel rank died): the server stops, exit non-zero."""
+        return self.engine.failure
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking engine call off the loop."""

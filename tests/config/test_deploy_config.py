@@ -45,7 +45,17 @@ def test_partitions_must_hold_the_routers_groups() -> None:
     assert kev.load_config({"deploy": {**NATS, "partitions": 3}, "router": tiers}).deploy.num_partitions == 3
 
 
-def test_tensor_parallelism_is_refused_by_name() -> None:
-    with pytest.raises(kev.ConfigError, match=r"core\.tensor_parallel.*not implemented"):
-        kev.load_config({"core": {"tensor_parallel": 2}})
-    assert kev.load_config({"core": {"tensor_parallel": 1}}).core.tensor_parallel == 1
+def test_tensor_parallel_groups_must_fill_the_devices() -> None:
+    assert kev.load_config({"core": {"tensor_parallel": 2}}).core.tensor_parallel == 2  # single: ranks on core.device
+    multi = kev.load_config({"deploy": {"mode": "multi_gpu", "devices": ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]},
+                             "core": {"tensor_parallel": 2}})
+    assert len(multi.deploy.devices) // multi.core.tensor_parallel == 2  # two replicas of two ranks
+    with pytest.raises(kev.ConfigError, match=r"deploy\.devices \(3\).*core\.tensor_parallel \(2\)"):
+        kev.load_config({"deploy": {"mode": "multi_gpu", "devices": ["cuda:0", "cuda:1", "cuda:2"]},
+                         "core": {"tensor_parallel": 2}})
+    with pytest.raises(kev.ConfigError, match=r"core\.tensor_parallel"):
+        kev.load_config({"core": {"tensor_parallel": 0}})
+    tiers = {"strategy": "length_aware", "length_tiers": [64]}  # two channel groups: two replicas needed
+    with pytest.raises(kev.ConfigError, match=r"deploy\.devices.*got 1"):
+        kev.load_config({"deploy": {"mode": "multi_gpu", "devices": ["cpu", "cpu"]}, "core": {"tensor_parallel": 2},
+                         "router": tiers})

@@ -26,6 +26,8 @@ STATIC = files("kev.server.playground").joinpath("static")
 class FakeEngine:
     """What the ops routes and shutdown touch; no model."""
 
+    failure: str | None = None
+
     def __init__(self) -> None:
         self.stats = EngineStats()
 

@@ -175,6 +175,8 @@ def test_sse_frames_one_line_of_json() -> None:
 class RefusingEngine:
     """Stands in for an engine whose submit() refuses, as the overflow policies will."""
 
+    failure: str | None = None
+
     def __init__(self, error: Exception) -> None:
         self.error = error
 
