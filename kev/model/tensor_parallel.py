@@ -104,9 +104,8 @@ def check_shardable(model: LlamaModel, world: int) -> None:
         if not (isinstance(layer.self_attn, Attention) and isinstance(layer.mlp, MLP)):
             raise ConfigError(f"core.tensor_parallel: {cfg.model_type} layers are not the Llama shape Kev splits")
         for linear in _linears(layer.self_attn, layer.mlp):
-            if type(linear) is not Linear or linear.scale is not None or not linear.weight.dtype.is_floating_point:
-                raise ConfigError(f"core.tensor_parallel: {type(linear).__name__} weights of {linear.weight.dtype} are "
-                                  "not split yet (float weights only, not core.precision int8)")
+            if type(linear) is not Linear:
+                raise ConfigError(f"core.tensor_parallel: {type(linear).__name__} layers are not split yet")
 
 
 def shard_model(model: LlamaModel, group: TensorGroup) -> LlamaModel:
@@ -164,6 +163,8 @@ def _column_slices(linear: Linear, ranges: list[tuple[int, int]]) -> Linear:
     weight = torch.cat([whole[a:b] for a, b in ranges])  # [out_shard, in_features]
     cut = Linear(weight.shape[1], weight.shape[0], linear.bias is not None)
     cut.weight = nn.Parameter(weight, requires_grad=False)
+    if linear.scale is not None:  # int8: each output row keeps its scale
+        cut.scale = torch.cat([linear.scale[a:b] for a, b in ranges])
     if linear.bias is not None:
         cut.bias = nn.Parameter(torch.cat([linear.bias[a:b] for a, b in ranges]), requires_grad=False)
     return cut
@@ -173,6 +174,8 @@ def _row_slice(linear: Linear, columns: tuple[int, int], group: TensorGroup) -> 
     weight = _weight(linear)[:, columns[0]:columns[1]].contiguous()  # [out_features, in_shard]
     cut = RowParallelLinear(weight.shape[1], weight.shape[0], linear.bias is not None and group.rank == 0, group)
     cut.weight = nn.Parameter(weight, requires_grad=False)
+    # int8: every rank scales its partial sums by the whole row's scale; the sum over ranks is then scaled too.
+    cut.scale = None if linear.scale is None else linear.scale.clone()
     if cut.bias is not None and linear.bias is not None:
         cut.bias = nn.Parameter(linear.bias.clone(), requires_grad=False)
     return cut

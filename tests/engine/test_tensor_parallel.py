@@ -142,3 +142,16 @@ def test_kev_serve_exits_non_zero_when_a_rank_dies(tmp_path: Path) -> None:
         assert "tensor-parallel rank 1" in server.log() and "exited with code -9" in server.log()
     finally:
         server.kill()
+
+
+def test_int8_weights_split_too_and_packed_equals_solo() -> None:
+    """core.precision int8 under tensor_parallel 2: int8 rows split with their scales, a batch changes no bit."""
+    config = kev.load_config({"router": {"default_timeout_ms": 600_000, "strategy": "round_robin"},
+                              "core": {"precision": "int8"}}, TP2)
+    with kev.Engine(config, record_logits=True) as engine:
+        assert isinstance(engine.runner, TensorParallelRunner)
+        solo = [engine.generate([q], max_tokens=MAX_TOKENS, timeout=300)[0] for q in QUESTIONS[:3]]
+        packed = engine.generate(QUESTIONS[:3], max_tokens=MAX_TOKENS, timeout=300)
+    for alone, together in zip(solo, packed):
+        assert alone.status == together.status == "ok", (alone.error, together.error)
+        assert together.token_ids == alone.token_ids and torch.equal(together.logits, alone.logits)
