@@ -82,7 +82,8 @@ def resolve_shape(args: argparse.Namespace, config: KevConfig) -> tuple[ModelSha
 
         folder = resolve_model_path(config.core.model_path)
         cfg = ModelConfig.from_folder(folder)
-        base = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads,
+        base = {"layers": cfg.num_layers, "hidden": cfg.hidden_size, "heads": cfg.num_heads,
+                "kv_heads": cfg.num_kv_heads,
                 "head_dim": cfg.head_dim, "vocab": cfg.vocab_size, "intermediate": cfg.intermediate_size,
                 "tied": cfg.tie_word_embeddings}
         source = f"{config.core.model_path} ({folder / 'config.json'})"
@@ -142,9 +143,11 @@ def print_plan(plan: MemoryPlan, memory_source: str) -> None:
                   f"{s.num_kv_heads} kv heads x {s.head_dim}; {p.precision}")
     console.print(f"weights        {format_bytes(plan.weights_bytes)}"
                   + ("" if plan.weights_bytes else "  (unknown: give --params, or --vocab and --intermediate)"))
-    console.print(f"KV per token   {plan.kv_bytes_per_token:,} B = 2 x {s.num_layers} layers x {s.num_kv_heads} kv heads "
+    console.print(f"KV per token   {plan.kv_bytes_per_token:,} B = 2 x {s.num_layers} layers x "
+                  f"{s.num_kv_heads} kv heads "
                   f"x {s.head_dim} x {plan.kv_bytes_per_token // (2 * s.num_layers * s.num_kv_heads * s.head_dim)} B")
-    console.print(f"KV, {p.channels} channels x {p.max_context} tokens: {plan.kv_bytes:,} B ({format_bytes(plan.kv_bytes)}); "
+    console.print(f"KV, {p.channels} channels x {p.max_context} tokens: {plan.kv_bytes:,} B "
+                  f"({format_bytes(plan.kv_bytes)}); "
                   f"article's 2 x layers x hidden x tokens x bytes: {plan.kv_bytes_article:,} B "
                   f"({format_bytes(plan.kv_bytes_article)})")
     table = Table(title=f"KV by level (block {p.block_size}, prefix {p.prefix_tokens} tokens, typical = prefix + "
@@ -162,7 +165,8 @@ def print_plan(plan: MemoryPlan, memory_source: str) -> None:
     console.print(f"device {format_bytes(p.device_memory)} ({memory_source}); {HEADROOM_RULE}: "
                   f"{format_bytes(plan.headroom_bytes)}")
     verdict = {True: "[green]fits[/]", False: "[red]does not fit[/]", None: "unknown (weights unknown)"}[plan.fits]
-    console.print(f"weights + KV pool + headroom = {format_bytes((plan.weights_bytes or 0) + plan.pool_bytes + (plan.headroom_bytes or 0))}"
+    total = (plan.weights_bytes or 0) + plan.pool_bytes + (plan.headroom_bytes or 0)
+    console.print(f"weights + KV pool + headroom = {format_bytes(total)}"
                   f": {verdict}; strict channels at max_context that fit: "
                   f"{_count(plan.channels_that_fit)}")
 

@@ -69,7 +69,8 @@ class DeployConfig(BaseModel):
         if self.mode != "distributed" and nats_keys:
             raise ValueError(f"deploy.{nats_keys[0]}: only used by mode 'distributed' (mode is {self.mode!r})")
         if self.mode == "multi_gpu" and not self.devices:
-            raise ValueError("deploy.devices: mode 'multi_gpu' needs one device per engine replica, e.g. [cuda:0, cuda:1]")
+            raise ValueError("deploy.devices: mode 'multi_gpu' needs one device per engine replica, "
+                             "e.g. [cuda:0, cuda:1]")
         if self.mode != "multi_gpu" and self.devices:
             raise ValueError(f"deploy.devices: only used by mode 'multi_gpu' (mode is {self.mode!r})")
         for url in (self.nats_url or "").split(",") if self.nats_url else []:

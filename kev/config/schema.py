@@ -23,12 +23,12 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-DEFAULT_FILLER_WORDS = ("嗯", "啊", "呃", "额", "哦", "唔", "那个", "um", "umm", "uh", "uhh", "uhm", "er", "erm",
-                        "hmm", "well", "so", "ok", "okay")
-DEFAULT_GREETINGS = ("你好", "您好", "你们好", "大家好", "hello", "hi", "hey", "hi there", "hello there", "greetings",
-                     "good morning", "good afternoon", "good evening", "dear assistant", "在吗", "在不在", "亲",
-                     "亲亲", "客服", "打扰一下", "打扰了", "请问一下", "请问", "想问一下", "我想问一下", "问一下",
-                     "麻烦问一下", "麻烦问下", "quick question", "i have a question")
+DEFAULT_FILLER_WORDS = ("嗯", "啊", "呃", "额", "哦", "唔", "那个", "um", "umm", "uh", "uhh", "uhm", "er",
+                        "erm", "hmm", "well", "so", "ok", "okay")
+DEFAULT_GREETINGS = ("你好", "您好", "你们好", "大家好", "hello", "hi", "hey", "hi there", "hello there",
+                     "greetings", "good morning", "good afternoon", "good evening", "dear assistant", "在吗",
+                     "在不在", "亲", "亲亲", "客服", "打扰一下", "打扰了", "请问一下", "请问", "想问一下",
+                     "我想问一下", "问一下", "麻烦问一下", "麻烦问下", "quick question", "i have a question")
 
 
 class RouterConfig(_Section):
@@ -211,12 +211,14 @@ class KevConfig(_Section):
             return data
         router = data.get("router") or {}
         if not isinstance(router, dict) or "default_timeout_ms" in router:
-            raise ValueError("aggregator.timeout_ms: deprecated alias of router.default_timeout_ms; set only the latter")
+            raise ValueError("aggregator.timeout_ms: deprecated alias of router.default_timeout_ms; "
+                             "set only the latter")
         warnings.warn("aggregator.timeout_ms is deprecated: it is the per-question deadline, now "
                       "router.default_timeout_ms", DeprecationWarning, stacklevel=2)
         log.warning("config: aggregator.timeout_ms is deprecated; read as router.default_timeout_ms")
         aggregator = {k: v for k, v in aggregator.items() if k != "timeout_ms"}
-        return {**data, "aggregator": aggregator, "router": {**router, "default_timeout_ms": data["aggregator"]["timeout_ms"]}}
+        deadline = data["aggregator"]["timeout_ms"]
+        return {**data, "aggregator": aggregator, "router": {**router, "default_timeout_ms": deadline}}
 
     @model_validator(mode="after")
     def _replicas_hold_the_groups(self) -> KevConfig:
@@ -228,9 +230,11 @@ class KevConfig(_Section):
         if self.deploy.mode == "multi_gpu" and len(self.deploy.devices) % size:
             raise ValueError(f"deploy.devices ({len(self.deploy.devices)}) must be a multiple of core.tensor_parallel "
                              f"({size}): each replica is a group of {size} devices")
-        slots = {"multi_gpu": len(self.deploy.devices) // size, "distributed": self.deploy.num_partitions}.get(self.deploy.mode)
+        slots = {"multi_gpu": len(self.deploy.devices) // size,
+                 "distributed": self.deploy.num_partitions}.get(self.deploy.mode)
         if slots is not None and groups > slots:
             key = "deploy.devices" if self.deploy.mode == "multi_gpu" else "deploy.partitions"
+            units = "replicas" if self.deploy.mode == "multi_gpu" else "partitions"
             raise ValueError(f"{key}: the router's {groups} channel groups (router.categories x length tiers) "
-                             f"need at least {groups} {'replicas' if self.deploy.mode == 'multi_gpu' else 'partitions'}, got {slots}")
+                             f"need at least {groups} {units}, got {slots}")
         return self

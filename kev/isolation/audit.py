@@ -19,7 +19,8 @@ from kev.model.step_metadata import StepMetadata
 
 log = logging.getLogger("kev.audit")
 
-ISOLATION_ALERTS = ("cross_channel_visible", "block_in_two_tables", "write_to_readonly_block", "chunk_boundary_in_prefix")
+ISOLATION_ALERTS = ("cross_channel_visible", "block_in_two_tables", "write_to_readonly_block",
+                    "chunk_boundary_in_prefix")
 OTHER_ALERTS = ("truncation_near_boundary", "context_overflow", "shadow_mismatch")
 
 
@@ -75,8 +76,9 @@ def inspect_step(meta: StepMetadata, blocks: BlockManager) -> tuple[dict[str, An
         prefix_pairs += sum(span.q_len - max(0, j - first_row) for j in range(min(span.prefix_len, span.ctx_len)))
         if foreign:
             others = sorted({o for j in foreign for o in holders.get(key_blocks[j], [])})
-            alerts.append(Alert("cross_channel_visible", f"channel {span.channel_id} sees {pairs} (query, key) pairs "
-                                f"in blocks it does not own (held by {others or 'nobody'})", [span.channel_id, *others]))
+            alerts.append(Alert("cross_channel_visible",
+                                f"channel {span.channel_id} sees {pairs} (query, key) pairs in blocks it does not "
+                                f"own (held by {others or 'nobody'})", [span.channel_id, *others]))
         if span.channel_id >= 0 and first_row < span.prefix_len:
             alerts.append(Alert("chunk_boundary_in_prefix", f"channel {span.channel_id} computes positions from "
                                 f"{first_row} inside its shared prefix of {span.prefix_len} tokens", [span.channel_id]))

@@ -123,6 +123,7 @@ class BlockManager:
         free = set(self._free)
         assert len(free) == len(self._free), "a block is twice in the free list"
         for block in range(self.num_blocks):
-            assert owners[block] == self._ref_counts[block], f"block {block}: ref count {self._ref_counts[block]} != {owners[block]} owners"
-            assert (block in free) == (owners[block] == 0), f"block {block}: free={block in free} but has {owners[block]} owners"
-            assert owners[block] <= 1 or block in self.read_only, f"block {block} is in {owners[block]} tables but writable"
+            held, counted = owners[block], self._ref_counts[block]
+            assert held == counted, f"block {block}: ref count {counted} != {held} owners"
+            assert (block in free) == (held == 0), f"block {block}: free={block in free} but has {held} owners"
+            assert held <= 1 or block in self.read_only, f"block {block} is in {held} tables but writable"

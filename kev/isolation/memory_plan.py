@@ -122,7 +122,8 @@ def inputs_for(config: KevConfig, shape: ModelShape, typical_tokens: int = 512, 
                device_memory: int | None = None) -> PlanInputs:
     """The plan's inputs for a Kev config: the deployment sizes the engine will use."""
     core, router = config.core, config.router
-    return PlanInputs(shape=shape, precision=core.resolved_precision, max_context=core.max_context, block_size=core.block_size,
+    return PlanInputs(shape=shape, precision=core.resolved_precision, max_context=core.max_context,
+                      block_size=core.block_size,
                       channels=router.max_parallel_queries, pool_size=router.channel_pool_size,
                       kv_cache=config.isolation.kv_cache, typical_tokens=typical_tokens, prefix_tokens=prefix_tokens,
                       max_step_tokens=core.max_step_tokens, kv_cache_tokens=core.kv_cache_tokens,
@@ -161,7 +162,8 @@ def make_plan(p: PlanInputs) -> MemoryPlan:
     strict = levels[0]
     return MemoryPlan(
         inputs=p, weights_bytes=weights, kv_bytes_per_token=per_token, kv_bytes_per_token_article=per_token_article,
-        kv_bytes=per_token * p.max_context * p.channels, kv_bytes_article=per_token_article * p.max_context * p.channels,
+        kv_bytes=per_token * p.max_context * p.channels,
+        kv_bytes_article=per_token_article * p.max_context * p.channels,
         pool_bytes=pool, activation_bytes=activations, headroom_bytes=headroom, levels=levels,
         channels_that_fit=strict.channels_that_fit, fits=None if room is None else pool <= room,
     )

@@ -163,7 +163,8 @@ class Soak:
         self.collect(outstanding)
         return self.answers
 
-    def wave(self, questions: list[StressQuestion], drain_end: float) -> list[tuple[str, list[tuple[StressQuestion, int]]]]:
+    def wave(self, questions: list[StressQuestion],
+             drain_end: float) -> list[tuple[str, list[tuple[StressQuestion, int]]]]:
         size = self.rng.randint(1, min(len(questions), max(1, 3 * self.engine.config.router.max_parallel_queries // 2)))
         picked = [(q, self.rng.randint(2, max(2, self.options.max_tokens))) for q in self.rng.sample(questions, size)]
         timeout_ms = max(1000, int((drain_end - time.monotonic()) * 1000))

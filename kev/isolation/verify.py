@@ -172,8 +172,8 @@ def run_mix(engine: Engine, items: list[MixItem], rng: random.Random, options: V
     cut = rng.randint(1, len(items))
     queries = [{"text": item.text, "max_tokens": item.max_tokens} for item in items]
     # Prompt logprobs keep a question off the shared prefix, so only strict (which copies it anyway) asks for them.
-    submit: dict[str, Any] = dict(isolation=options.level, system=options.system, timeout_ms=TIMEOUT_MS, logprobs=TOP_LOGPROBS,
-                  prompt_logprobs=options.level == "strict")
+    submit: dict[str, Any] = dict(isolation=options.level, system=options.system, timeout_ms=TIMEOUT_MS,
+                                  logprobs=TOP_LOGPROBS, prompt_logprobs=options.level == "strict")
     first = engine.submit(queries[:cut], **submit)
     for _ in range(rng.randint(0, options.max_late_steps) if cut < len(items) else 0):
         engine.step()

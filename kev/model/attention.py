@@ -39,7 +39,8 @@ def layer_variant(cfg: ModelConfig, index: int, max_positions: int) -> Attention
 class PagedKVLayer:
     """One layer's cache: [2 (K, V), num_slots, num_kv_heads, head_dim], so one gather fetches both."""
 
-    def __init__(self, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         # empty, not zeros: a slot is read only after its owner wrote it (the span's ctx_len).
         self.kv = torch.empty(2, num_slots, num_kv_heads, head_dim, dtype=dtype, device=device)
 

@@ -243,7 +243,8 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
 def _build_tokenizer(meta: _Meta) -> HFTokenizer:
     model = meta.get("tokenizer.ggml.model")
     if model != "gpt2":
-        raise UnsupportedModelError(f"GGUF tokenizer.ggml.model {model!r} is not supported (only byte-level BPE 'gpt2')")
+        raise UnsupportedModelError(f"GGUF tokenizer.ggml.model {model!r} is not supported "
+                                    "(only byte-level BPE 'gpt2')")
     tokens: list[str] = list(meta.get("tokenizer.ggml.tokens"))
     types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     spelling = _bytes_to_unicode()

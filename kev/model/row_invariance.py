@@ -84,7 +84,8 @@ def probe(multiplies: dict[str, tuple[int, Multiply, int]], dtype: torch.dtype, 
         return cached
     device_rows = [(k, fn, rows) for k, fn, rows in multiplies.values()]
     verdict = RowInvariance(False, 1, 0)
-    if all(rows_agree(fn, k, rows, dtype, device, [m for m in probe_sizes(rows) if m >= 2]) for k, fn, rows in device_rows):
+    if all(rows_agree(fn, k, rows, dtype, device, [m for m in probe_sizes(rows) if m >= 2])
+           for k, fn, rows in device_rows):
         min_rows = 1 if all(rows_agree(fn, k, rows, dtype, device, [1]) for k, fn, rows in device_rows) else 2
         verdict = RowInvariance(True, min_rows, min(rows for _, _, rows in device_rows))
     log.info("row invariance probe (%s, %d threads): %s", dtype, torch.get_num_threads(), verdict.label)

@@ -40,7 +40,8 @@ class Tokenizer:
     def from_folder(cls, path: Path, chat_template: str | None = None) -> Tokenizer:
         """Read tokenizer.json, tokenizer_config.json, the chat template and the eos ids of config.json(s).
 
-        chat_template (core.chat_template, --chat-template) overrides the folder's: a file path, or the template itself."""
+        chat_template (core.chat_template, --chat-template) overrides the folder's: a file path, or the template
+        itself."""
         path = Path(path)
         backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
         tok_config = _read_json(path / "tokenizer_config.json")

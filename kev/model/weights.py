@@ -43,7 +43,8 @@ def load_model(folder: Path, precision: str, device: torch.device, max_positions
     return _finish(model, state, precision, device)
 
 
-def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_positions: int, seed: int = 0) -> LlamaModel:
+def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_positions: int,
+                 seed: int = 0) -> LlamaModel:
     """Random weights of the given shapes, for benchmarks of models we do not ship."""
     generator = torch.Generator().manual_seed(seed)
     model = model_class(cfg)(cfg, max_positions)

@@ -12,7 +12,8 @@ import torch
 
 log = logging.getLogger("kev.model")
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_attention.cpp", "row_ops.cpp", "linear_gemm.cpp", "decoder_layers.cpp")]
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("paged_attention.cpp", "row_ops.cpp", "linear_gemm.cpp", "decoder_layers.cpp")]
 # -fopenmp: at::parallel_for is OpenMP in torch's CPU build (the same libgomp.so.1 torch loaded is reused).
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 _lock = threading.Lock()
@@ -40,7 +41,8 @@ def _build(folder: Path) -> bool:
 
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        load(name="kev_kernels", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(folder),
+        load(name="kev_kernels", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+             build_directory=str(folder),
              is_python_module=False, verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means: run on torch ops, loudly
         log.warning("Kev's C++ kernels could not be built (%s: %s); decode attention runs on torch SDPA",
