@@ -47,7 +47,7 @@ def vectors(default_model):
     from kev.engine.embedder import MeanEmbedder
 
     model, tokenizer = default_model
-    embed = MeanEmbedder(model.embed_tokens.weight, tokenizer)
+    embed = MeanEmbedder(model.embed_tokens.full_weight(), tokenizer)
     texts = {t for pair in PARAPHRASES + UNRELATED for t in pair}
     return {t: embed(t) for t in texts}
 
@@ -73,7 +73,7 @@ def test_normalized_variants_hash_alike(vectors, default_model):
     from kev.engine.embedder import MeanEmbedder
 
     normalizer = Normalizer(DEFAULT_FILLER_WORDS, DEFAULT_GREETINGS)
-    embed = MeanEmbedder(default_model[0].embed_tokens.weight, default_model[1])
+    embed = MeanEmbedder(default_model[0].embed_tokens.full_weight(), default_model[1])
     hasher = SimHasher(64, 0, lambda text: embed(normalizer.normalize(text)))
     variants = ["怎么退款", "嗯，怎么退款？？？", "你好，请问怎么退款", "怎么退款！！！", "那个，，怎么退款"]
     assert len({hasher.bucket(v) for v in variants}) == 1
