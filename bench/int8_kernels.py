@@ -8,10 +8,11 @@ path calls on CPU) and Kev's bf16 GEMM; and whether each gives a row the same bi
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import torch
+
+from gemm_vs_onednn import median_ms  # bench/ is the script's folder: sys.path[0]
 
 from kev.model.kernels import load_cpu_kernels
 from kev.model.linear import GemmWeight
@@ -22,16 +23,6 @@ from kev.model.row_invariance import probe_data
 HIDDEN, INTERMEDIATE, VOCAB, LAYERS = 576, 1536, 49152, 30
 SHAPES = [(960, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)]
 Multiply = Callable[[torch.Tensor], torch.Tensor]
-
-
-def median_ms(fn: Callable[[], object], repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[repeats // 2] * 1000
 
 
 def torch_int8(q: torch.Tensor, scale: torch.Tensor) -> Multiply:
