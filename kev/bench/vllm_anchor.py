@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 RUNNER = Path(__file__).resolve().parents[2] / "bench" / "vllm_runner.py"
-VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+# Kev's int8 is weight-only over bf16 activations: vLLM's CPU anchor runs the same weights in bf16.
+VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "int8": "bfloat16"}
 
 
 @dataclass
