@@ -59,6 +59,8 @@ def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePla
     else the compute dtype)."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     attention = "kernels=kev-cpu" if cpu_kernels else "kernels=torch,attn=sdpa-per-channel"
+    if device.type == "cuda":
+        attention += ",sdpa=efficient|math"  # model/attention.py: flash and cuDNN are not deterministic there
     parts = [str(dtype), device.type, device_kind, plan.label, attention, torch.__version__,
              f"threads={torch.get_num_threads()}"] + ([f"weights={weight_dtype}"] if weight_dtype != dtype else [])
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

@@ -7,10 +7,12 @@ by construction rather than by masking.
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kev.model.model_config import ModelConfig
 from kev.model.step_metadata import ChannelSpan, StepMetadata
@@ -139,10 +141,27 @@ def _spans_eager(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan],
         out[rows] = torch.matmul(probs, keys_values[1]).transpose(0, 1)  # [q_len, heads, dim]
 
 
+# On CUDA, SDPA's flash and cuDNN kernels are not even run-to-run deterministic: on an H200 the same bf16 question
+# alone, asked twice with a 600-token prompt, gave different decode logits 4 times in 6, so packed answers "differed"
+# from solo ones. The memory-efficient kernel (math where it does not apply) gave 16/16 packed = solo
+# (bench/results/gpu_invariance_h200.md).
+_DETERMINISTIC_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _deterministic_sdpa(device: torch.device) -> AbstractContextManager[None]:
+    return sdpa_kernel(_DETERMINISTIC_SDPA) if device.type == "cuda" else nullcontext()
+
+
 def _spans_sdpa(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan], out: torch.Tensor,
                 scale: float | None = None) -> None:
     """One SDPA call per channel over exactly its own keys: torch's CPU SDPA splits its work by batch size,
     so batching channels (even of equal length) would change their bits."""
+    with _deterministic_sdpa(q.device):
+        _spans_sdpa_calls(q, cache, spans, out, scale)
+
+
+def _spans_sdpa_calls(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan], out: torch.Tensor,
+                      scale: float | None) -> None:
     for span in spans:
         rows = slice(span.q_start, span.q_start + span.q_len)
         keys_values = cache.kv.index_select(1, span.kv_slots).transpose(1, 2)  # [2, kv_heads, ctx_len, dim]
