@@ -41,7 +41,7 @@ def run_vllm(model_folder: Path, precision: str, max_model_len: int, batches: li
         spec_path, out_path = Path(folder, "spec.json"), Path(folder, "out.json")
         spec_path.write_text(json.dumps(spec))
         # Kev's environment settings are not vLLM's: its own OpenMP setup stands.
-        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
         subprocess.run([str(vllm_python()), str(RUNNER), str(spec_path), str(out_path)], check=True, env=env)
         result: dict[str, Any] = json.loads(out_path.read_text())
     return result

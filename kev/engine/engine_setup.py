@@ -106,9 +106,10 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
         runner: ModelRunner = start_tensor_parallel(config, model, num_blocks, tp_devices)
     else:
         runner = ModelRunner(model, num_blocks, core.block_size, tile_plan(config, model))
-    log.info("linear rows: %s; row ops and decode attention: %s; %s, %d threads (OMP_WAIT_POLICY=%s)",
-             runner.plan.label, "kev kernels" if model.cpu_kernels else "torch ops", runner.dtype,
-             torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "unset"))
+    log.info("linear rows: %s; row ops and decode attention: %s; %s, %d threads (OMP_WAIT_POLICY=%s, "
+             "GOMP_SPINCOUNT=%s)", runner.plan.label, "kev kernels" if model.cpu_kernels else "torch ops",
+             runner.dtype, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "unset"),
+             os.environ.get("GOMP_SPINCOUNT", "unset"))
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
     limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context,
