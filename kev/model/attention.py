@@ -157,17 +157,12 @@ def _spans_sdpa(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan], 
     """One SDPA call per channel over exactly its own keys: torch's CPU SDPA splits its work by batch size,
     so batching channels (even of equal length) would change their bits."""
     with _deterministic_sdpa(q.device):
-        _spans_sdpa_calls(q, cache, spans, out, scale)
-
-
-def _spans_sdpa_calls(q: torch.Tensor, cache: PagedKVLayer, spans: list[ChannelSpan], out: torch.Tensor,
-                      scale: float | None) -> None:
-    for span in spans:
-        rows = slice(span.q_start, span.q_start + span.q_len)
-        keys_values = cache.kv.index_select(1, span.kv_slots).transpose(1, 2)  # [2, kv_heads, ctx_len, dim]
-        queries = q[rows].transpose(0, 1)  # [heads, q_len, dim]
-        o = F.scaled_dot_product_attention(
-            queries.unsqueeze(0), keys_values[0:1], keys_values[1:2],
-            attn_mask=span.attn_mask, is_causal=span.is_causal, enable_gqa=True, scale=scale,
-        )  # [1, heads, q_len, dim]
-        out[rows] = o[0].transpose(0, 1)
+        for span in spans:
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            keys_values = cache.kv.index_select(1, span.kv_slots).transpose(1, 2)  # [2, kv_heads, ctx_len, dim]
+            queries = q[rows].transpose(0, 1)  # [heads, q_len, dim]
+            o = F.scaled_dot_product_attention(
+                queries.unsqueeze(0), keys_values[0:1], keys_values[1:2],
+                attn_mask=span.attn_mask, is_causal=span.is_causal, enable_gqa=True, scale=scale,
+            )  # [1, heads, q_len, dim]
+            out[rows] = o[0].transpose(0, 1)
