@@ -53,9 +53,6 @@ class ChannelPool:
     def is_free(self, channel_id: int) -> bool:
         return self.channels[channel_id].question is None
 
-    def num_free(self) -> int:
-        return sum(1 for c in self.channels if c.question is None)
-
     def num_queued(self) -> int:
         return sum(len(c.queue) for c in self.channels)
 

@@ -219,7 +219,7 @@ class Engine:
             plan = self.scheduler.schedule()
             meta = self._pack(plan)  # None: nothing to run, or the audit stopped the forward
         logits = LogitRows.split(plan.work, self.runner.run(meta)) if meta is not None else None
-        sampled_ids = sample(logits.sampling, plan.sampling) if logits is not None else None
+        sampled_ids = sample(logits.sampling, plan.sample_rows) if logits is not None else None
         with self._lock:
             self.output.process(self.scheduler.update(plan, sampled_ids), logits)
             self._lock.notify_all()
@@ -311,6 +311,8 @@ class Engine:
             except EngineFailedError as err:
                 self._fail(err)
                 raise
+        with self._lock:
+            self.guard.check_idle()
 
     def _fail(self, err: EngineFailedError) -> None:
         """The engine cannot compute any more: every unfinished question ends in error and no new one is taken."""
@@ -352,6 +354,8 @@ class Engine:
             return
         while True:
             with self._lock:
+                if not self._closed and not self.scheduler.has_work():
+                    self.guard.check_idle()  # once each time the loop goes idle
                 while not self._closed and not self.scheduler.has_work():
                     self._lock.wait()
                 if self._closed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kev.isolation.audit import AuditLog, inspect_step
+from kev.isolation.audit import Alert, AuditLog, inspect_step
 from kev.isolation.block_manager import BlockManager
 from kev.model.step_metadata import StepMetadata
 
@@ -35,3 +35,12 @@ class IsolationGuard:
             if alert.is_isolation:
                 failed |= self.fail_channels(alert.channel_ids, f"isolation alert {alert.kind}: {alert.message}")
         return not failed
+
+    def check_idle(self) -> bool:
+        """The block manager's invariants, checked whenever the engine goes idle (as mini-sglang does): a
+        broken one is an isolation alert, since a mis-counted block could be handed to two channels."""
+        problems = self.blocks.integrity_problems()
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            self.audit.alert(Alert("block_integrity", "; ".join(problems[:3]) + more))
+        return not problems

@@ -4,10 +4,14 @@ processor read them; only the scheduler makes them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kev.aggregator.result import FinishReason
 from kev.engine.prefix_jobs import PrefixJob, SlotCopy
-from kev.engine.question import Question
+from kev.engine.question import Question, SamplingParams
+
+if TYPE_CHECKING:
+    from kev.engine.structured import ChannelGrammar
 
 
 @dataclass
@@ -24,6 +28,22 @@ class Work:
         return self.seq
 
 
+@dataclass(frozen=True)
+class SampleRow:
+    """What sampling reads of one question, copied under the engine lock when the step is planned. Sampling runs
+    outside the lock: a cancel that lands meanwhile (and drops the question's grammar) cannot change what it reads."""
+
+    question: Question  # the sampler keeps its generator there: only the step thread ever touches it
+    params: SamplingParams
+    grammar: ChannelGrammar | None
+    output_ids: tuple[int, ...]  # for presence / frequency penalties (empty when the row has none)
+
+    @classmethod
+    def of(cls, question: Question) -> SampleRow:
+        penalised = question.sampling.presence_penalty != 0.0 or question.sampling.frequency_penalty != 0.0
+        return cls(question, question.sampling, question.grammar, tuple(question.output_ids) if penalised else ())
+
+
 @dataclass
 class StepPlan:
     """Everything one step runs: the work in packing order and the K/V slot copies to apply first."""
@@ -31,6 +51,7 @@ class StepPlan:
     work: list[Work] = field(default_factory=list)
     copies: list[SlotCopy] = field(default_factory=list)
     sampling: list[Question] = field(default_factory=list)  # who samples, in the order of the sampled logits rows
+    sample_rows: list[SampleRow] = field(default_factory=list)  # what sampling reads of each, snapshotted
 
     @property
     def num_prefix_tokens(self) -> int:

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import torch
 
-from kev.engine.question import Question
+from kev.engine.plan import SampleRow
 
 
-def sample(logits: torch.Tensor, questions: list[Question]) -> list[int]:
-    """logits: [num_questions, vocab] fp32, row i belongs to questions[i]. Greedy rows take one batched
-    argmax (an argmax is exact: a row's answer cannot depend on the rows beside it)."""
+def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[int]:
+    """logits: [num_rows, vocab] fp32, row i belongs to rows[i] (the step plan's snapshot, so a cancel landing
+    meanwhile changes nothing read here). Greedy rows take one batched argmax (an argmax is exact: a row's answer
+    cannot depend on the rows beside it)."""
     greedy = torch.argmax(logits, dim=-1).tolist() if logits.shape[0] else []
     # A channel that changes its own row first (grammar, logit_bias, penalties) never takes the batched pick.
-    return [greedy[i] if q.sampling.is_greedy and q.grammar is None and not q.sampling.adjusts_logits
-            else sample_one(row, q) for i, (row, q) in enumerate(zip(logits, questions))]
+    return [greedy[i] if r.params.is_greedy and r.grammar is None and not r.params.adjusts_logits
+            else sample_one(row, r) for i, (row, r) in enumerate(zip(logits, rows))]
 
 
-def sample_one(row: torch.Tensor, question: Question) -> int:
-    params = question.sampling
+def sample_one(row: torch.Tensor, sample_row: SampleRow) -> int:
+    params, question = sample_row.params, sample_row.question
     if params.adjusts_logits:
-        row = adjust(row, question)
-    if question.grammar is not None:  # this channel's structured output: only its own row is masked
-        row = question.grammar.constrain(row)
+        row = adjust(row, sample_row)
+    if sample_row.grammar is not None:  # this channel's structured output: only its own row is masked
+        row = sample_row.grammar.constrain(row)
     if params.is_greedy:
         return int(torch.argmax(row))
     scores = row / params.temperature
@@ -39,12 +40,12 @@ def sample_one(row: torch.Tensor, question: Question) -> int:
     return int(torch.multinomial(probs, 1, generator=question.generator))
 
 
-def adjust(row: torch.Tensor, question: Question) -> torch.Tensor:
+def adjust(row: torch.Tensor, sample_row: SampleRow) -> torch.Tensor:
     """OpenAI's logit_bias and presence/frequency penalties, from this question's own tokens only."""
-    params, row = question.sampling, row.clone()
+    params, row = sample_row.params, row.clone()
     if params.presence_penalty or params.frequency_penalty:
-        if question.output_ids:
-            counts = torch.bincount(torch.tensor(question.output_ids), minlength=row.numel()).to(row)
+        if sample_row.output_ids:
+            counts = torch.bincount(torch.tensor(sample_row.output_ids), minlength=row.numel()).to(row)
             row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(row)
     if params.logit_bias:
         ids = torch.tensor([token for token, _ in params.logit_bias], device=row.device)

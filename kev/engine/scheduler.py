@@ -27,7 +27,7 @@ from itertools import count
 
 from kev.aggregator.result import FinishReason
 from kev.engine.channel_pool import ChannelPool, queue_order
-from kev.engine.plan import QuestionOutput, StepPlan, Work
+from kev.engine.plan import QuestionOutput, SampleRow, StepPlan, Work
 from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.question import Phase, Question
 from kev.engine.stats import EngineLoad
@@ -137,7 +137,8 @@ class Scheduler:
         for w in work:
             assert w.seq.channel_id is not None  # running, or a prefix job (its owner)
             self.blocks.ensure(w.seq.channel_id, w.start + w.length)
-        return StepPlan(work, self.prefixes.take_copies(), sampling)  # sampling: decode rows first, as packed
+        # sampling: decode rows first, as packed; what sampling reads of them is snapshotted here, under the lock
+        return StepPlan(work, self.prefixes.take_copies(), sampling, [SampleRow.of(q) for q in sampling])
 
     def update(self, plan: StepPlan, sampled_ids: list[int] | None) -> list[QuestionOutput]:
         """Apply the step's forward (None: it did not run, nothing advanced); per question, what it produced."""

@@ -20,7 +20,7 @@ from kev.model.step_metadata import StepMetadata
 log = logging.getLogger("kev.audit")
 
 ISOLATION_ALERTS = ("cross_channel_visible", "block_in_two_tables", "write_to_readonly_block",
-                    "chunk_boundary_in_prefix")
+                    "chunk_boundary_in_prefix", "block_integrity")
 OTHER_ALERTS = ("truncation_near_boundary", "context_overflow", "shadow_mismatch")
 
 

@@ -87,9 +87,6 @@ class BlockManager:
     def mark_read_only(self, blocks: list[int]) -> None:
         self.read_only.update(blocks)
 
-    def ref_count(self, block: int) -> int:
-        return self._ref_counts[block]
-
     def release(self, channel_id: int) -> list[int]:
         """Drop the owner's references; blocks nobody references go back to the pool. Returns the freed ids."""
         self._promised.pop(channel_id, None)
@@ -113,17 +110,26 @@ class BlockManager:
         return holders
 
     # --- invariants ----------------------------------------------------------
-    def check_integrity(self) -> None:
-        """Every block is either free with no owner, or owned by exactly as many tables as its ref count;
-        a block in two tables is read-only."""
+    def integrity_problems(self) -> list[str]:
+        """What breaks the invariants (empty when none does): every block is either free with no owner, or owned
+        by exactly as many tables as its ref count; a block in two tables is read-only."""
         owners = [0] * self.num_blocks
         for table in self._tables.values():
             for block in table:
                 owners[block] += 1
         free = set(self._free)
-        assert len(free) == len(self._free), "a block is twice in the free list"
+        problems = [] if len(free) == len(self._free) else ["a block is twice in the free list"]
         for block in range(self.num_blocks):
             held, counted = owners[block], self._ref_counts[block]
-            assert held == counted, f"block {block}: ref count {counted} != {held} owners"
-            assert (block in free) == (held == 0), f"block {block}: free={block in free} but has {held} owners"
-            assert held <= 1 or block in self.read_only, f"block {block} is in {held} tables but writable"
+            if held != counted:
+                problems.append(f"block {block}: ref count {counted} != {held} owners")
+            if (block in free) != (held == 0):
+                problems.append(f"block {block}: free={block in free} but has {held} owners")
+            if held > 1 and block not in self.read_only:
+                problems.append(f"block {block} is in {held} tables but writable")
+        return problems
+
+    def check_integrity(self) -> None:
+        """AssertionError naming the first broken invariant (tests call it after every operation)."""
+        problems = self.integrity_problems()
+        assert not problems, "; ".join(problems[:5])

@@ -94,6 +94,3 @@ class PrefixStore:
                 break
             self.drop(entry)
         return self.blocks.num_free_blocks >= blocks_needed
-
-    def cached_blocks(self) -> int:
-        return sum(len(self.blocks.block_table(e.owner_id)) for e in self.entries.values() if e.level == "loose")

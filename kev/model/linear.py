@@ -174,10 +174,3 @@ class Linear(nn.Module):
         out = F.linear(x, self.weight.to(x.dtype)).float() * self.scale
         return (out + self.bias.float() if self.bias is not None else out).to(x.dtype)
 
-
-def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """Pad dim 0 with zeros up to a multiple of rows."""
-    missing = (-x.shape[0]) % rows
-    if missing == 0:
-        return x
-    return torch.cat([x, x.new_zeros((missing, *x.shape[1:]))])
