@@ -13,6 +13,14 @@ class InvalidRequestError(KevError, ValueError):
     """A submit() whose request-level arguments are wrong (not one question's fault)."""
 
 
+class QuestionError(ValueError):
+    """One question's own input is wrong; becomes that question's error result (its neighbours are answered)."""
+
+
+class ContextOverflowError(QuestionError):
+    """The prompt leaves no room for a new token in core.max_context (the audit's context_overflow alert)."""
+
+
 class RejectedError(KevError):
     """The channel pool is full and the overflow policy said no.
 

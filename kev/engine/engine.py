@@ -22,7 +22,7 @@ from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
 from kev.engine.describe import describe
-from kev.engine.engine_setup import EngineParts, build_parts, pick_device
+from kev.engine.engine_setup import EngineParts, build_parts
 from kev.engine.isolation_guard import IsolationGuard
 from kev.engine.logprobs import LogitRows
 from kev.engine.output import OutputProcessor, OutputSettings
@@ -38,6 +38,7 @@ from kev.engine.submission import SubmitOptions, build_questions
 from kev.errors import (EngineFailedError, InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError,
                         UnknownRequestError)
 from kev.isolation.audit import Alert, AuditLog
+from kev.model.device import pick_device
 from kev.model.step_metadata import StepMetadata
 
 log = logging.getLogger("kev.engine")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -15,17 +15,16 @@ from kev.config.precision import describe as describe_precision
 from kev.engine.channel_pool import ChannelPool
 from kev.engine.embedder import MeanEmbedder
 from kev.engine.model_runner import ModelRunner
-from kev.engine.packer import TilePlan
 from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.scheduler import Scheduler, SchedulerLimits
+from kev.engine.tile_plan import tile_plan
 from kev.errors import ConfigError
 from kev.isolation.block_manager import BlockManager
 from kev.isolation.memory_plan import kv_pool_blocks
 from kev.isolation.prefix_store import PrefixStore
-from kev.model.kernels import load_cpu_kernels
+from kev.model.device import pick_device
 from kev.model.llama import LlamaModel
-from kev.model.model_store import cache_root, resolve_model_path
-from kev.model.row_invariance import probe as probe_rows
+from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
 from kev.model.weights import load_model
 from kev.router.router import Router
@@ -41,12 +40,6 @@ class EngineParts:
     pool: ChannelPool
     scheduler: Scheduler
     router: Router
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
@@ -67,24 +60,6 @@ def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
                     "tokenizer_config.json, chat_template.json): questions go in as raw text; give one with "
                     "core.chat_template or --chat-template", core.model_path)
     return model, tokenizer
-
-
-def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
-    """Prepack the weights and load the decode kernel for the CPU, then let the row invariance probe decide between one
-    GEMM per step and fixed tiles (core.row_plan: tiles skips the probe)."""
-    core = config.core
-    kernels = core.kernels == "auto" and model.device.type == "cpu" and load_cpu_kernels(cache_root())
-    model.use_cpu_kernels(kernels)  # off also where an earlier engine in this process turned them on
-    model.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
-    fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
-    if core.row_plan == "tiles" or not core.batch_invariant:
-        return fixed
-    max_samples = max(config.router.max_parallel_queries, 2)
-    verdict = probe_rows(model.row_multiplies(core.max_step_tokens, max_samples), model.dtype, model.device,
-                         cache_root() / "probes", model.kernel_identity())
-    if not verdict.free_rows:
-        return fixed
-    return replace(fixed, free_rows=True, min_rows=verdict.min_rows, max_sample_rows=max_samples)
 
 
 def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: Tokenizer | None = None,

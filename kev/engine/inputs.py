@@ -10,20 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kev.engine.question import SamplingParams
+from kev.errors import QuestionError
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "logprobs",
                    "prompt_logprobs", "logit_bias", "presence_penalty", "frequency_penalty")
 OVERRIDES = {*SAMPLING_FIELDS, "timeout_ms", "priority", "structured_outputs"}
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI caps top_logprobs
 CONTENT_KEYS = ("text", "messages", "prompt", "prompt_ids")
-
-
-class QuestionError(ValueError):
-    """One question's own input is wrong; becomes that question's error result."""
-
-
-class ContextOverflowError(QuestionError):
-    """The prompt leaves no room for a new token in core.max_context (the audit's context_overflow alert)."""
 
 
 @dataclass

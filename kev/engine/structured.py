@@ -25,7 +25,7 @@ import llguidance.numpy as llg_numpy
 import numpy as np
 import torch
 
-from kev.engine.inputs import QuestionError
+from kev.errors import QuestionError
 from kev.model.tokenizer import Tokenizer
 
 GRAMMAR_COMPILE_SECONDS = 10.0  # wall-clock limit to check and compile one constraint

@@ -9,11 +9,10 @@ from typing import Any
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
-from kev.engine.inputs import (ContextOverflowError, QuestionError, QuestionSpec, RequestDefaults, parse_question,
-                               validate_sampling, validate_timeout)
+from kev.engine.inputs import QuestionSpec, RequestDefaults, parse_question, validate_sampling, validate_timeout
 from kev.engine.question import Question, SamplingParams
 from kev.engine.structured import CompiledGrammar, GrammarCompiler
-from kev.errors import InvalidRequestError
+from kev.errors import ContextOverflowError, InvalidRequestError, QuestionError
 from kev.model.tokenizer import Tokenizer
 from kev.router.features import QuestionFeatures
 from kev.router.normalize import Normalizer

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from kev.engine.engine_setup import load_model_and_tokenizer
 from kev.engine.model_runner import ModelRunner
-from kev.engine.tp_runner import COLLECTIVE_TIMEOUT_S, HOST, FollowerSetup, meta_to, prepare_shard, rank_threads
+from kev.engine.tile_plan import tile_plan
+from kev.engine.tp_runner import COLLECTIVE_TIMEOUT_S, HOST, FollowerSetup, meta_to, rank_threads
 from kev.model.tensor_parallel import TensorGroup, shard_model
 
 
@@ -40,7 +41,8 @@ def main(fd: int) -> int:
     store = dist.TCPStore(HOST, setup.store_port, world, False, timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     shard = shard_model(model, TensorGroup.connect(store, setup.rank, world, device, COLLECTIVE_TIMEOUT_S))
     del model
-    follow(ModelRunner(shard, setup.num_blocks, config.core.block_size, prepare_shard(config, shard)), conn, device)
+    runner = ModelRunner(shard, setup.num_blocks, config.core.block_size, tile_plan(config, shard, probe=False))
+    follow(runner, conn, device)
     return 0
 
 

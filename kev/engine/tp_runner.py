@@ -35,10 +35,10 @@ import torch.distributed as dist
 from kev.config import KevConfig
 from kev.engine.model_runner import ModelRunner
 from kev.engine.packer import TilePlan
+from kev.engine.tile_plan import tile_plan
 from kev.errors import EngineFailedError
-from kev.model.kernels import load_cpu_kernels
+from kev.model.device import pick_device
 from kev.model.llama import LlamaModel
-from kev.model.model_store import cache_root
 from kev.model.step_metadata import StepMetadata
 from kev.model.tensor_parallel import TensorGroup, check_shardable, shard_model
 
@@ -169,8 +169,6 @@ def meta_to(meta: StepMetadata, device: torch.device) -> StepMetadata:
 def rank_devices(config: KevConfig, group: list[str] | None) -> list[torch.device]:
     """Each rank's device: `group` (multi_gpu: one replica's deploy.devices), else core.device, then the next
     CUDA devices; ranks share one CUDA device only when there are not enough (gloo through host memory)."""
-    from kev.engine.engine_setup import pick_device
-
     world = config.core.tensor_parallel
     if group is not None:
         return [torch.device(name) for name in group]
@@ -192,18 +190,6 @@ def rank_threads(config: KevConfig, device: torch.device) -> int | None:
     return config.core.threads or max(1, (os.cpu_count() or 1) // config.core.tensor_parallel)
 
 
-def prepare_shard(config: KevConfig, shard: LlamaModel) -> TilePlan:
-    """What tile_plan does, minus the probe: the shard's weights packed, Kev's kernels where they apply, rows in
-    fixed tiles (a row's bits then never depend on its neighbours, whatever each rank's shapes are)."""
-    core = config.core
-    param = next(shard.parameters())
-    kernels = core.kernels == "auto" and param.device.type == "cpu" and load_cpu_kernels(cache_root())
-    shard.use_cpu_kernels(kernels)
-    shard.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
-    shard.fused_layers = None  # the sums run between layers: the Python layer loop
-    return TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
-
-
 def start_tensor_parallel(config: KevConfig, model: LlamaModel, num_blocks: int,
                           group: list[str] | None = None) -> TensorParallelRunner:
     """Start ranks 1..N-1, join them, and return rank 0's runner over its shard of `model` (left unchanged)."""
@@ -223,7 +209,7 @@ def start_tensor_parallel(config: KevConfig, model: LlamaModel, num_blocks: int,
             _wait_ready(follower)
         tensor_group = TensorGroup.connect(store, 0, world, devices[0], COLLECTIVE_TIMEOUT_S)
         shard = shard_model(model, tensor_group)
-        plan = prepare_shard(config, shard)
+        plan = tile_plan(config, shard, probe=False)
         runner = TensorParallelRunner(shard, num_blocks, config.core.block_size, plan, followers)
     except BaseException:
         stop_followers(followers)

@@ -8,16 +8,26 @@ row goes to the attention kernel (no long prefill chunk, which needs SDPA)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from kev.model.attention import PagedKVLayer
-from kev.model.linear import GemmWeight
+from kev.model.linear import GemmWeight, Linear
 from kev.model.step_metadata import StepMetadata
 
 if TYPE_CHECKING:
-    from kev.model.llama import LlamaModel
+    from kev.model.llama import DecoderLayer, LlamaModel
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """One decoder layer as the fused op reads it (DecoderLayer.fusion_parts decides whether it can)."""
+
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    eps: float
+    linears: list[Linear]  # qkv, o, gate_up, down
 
 
 @dataclass(frozen=True)
@@ -33,32 +43,26 @@ class FusedLayers:
 
     @staticmethod
     def build(model: LlamaModel) -> FusedLayers | None:
-        """None where some layer is not the plain Llama shape or some linear is not on Kev's GEMM."""
-        from kev.model.llama import MLP, Attention, DecoderLayer, RMSNorm
-
+        """None where some layer cannot be fused (its own verdict) or some linear is not on Kev's GEMM."""
         weights: list[torch.Tensor] = []
         biases: list[torch.Tensor | None] = []
         scales: list[torch.Tensor | None] = []
         out_features: list[int] = []
         eps = 0.0
-        for layer in model.layers:
-            if not (isinstance(layer, DecoderLayer) and type(layer) is DecoderLayer
-                    and type(layer.self_attn) is Attention and type(layer.mlp) is MLP
-                    and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
-                    and layer.self_attn.variant is None):
+        for layer in cast("list[DecoderLayer]", model.layers):
+            parts = layer.fusion_parts()
+            if parts is None:
                 return None
-            attn, mlp = layer.self_attn, layer.mlp
-            packed = [linear.packed for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-            gemms = [p for p in packed if isinstance(p, GemmWeight)]
-            if len(gemms) != len(packed):
+            gemms = [linear.packed for linear in parts.linears if isinstance(linear.packed, GemmWeight)]
+            if len(gemms) != len(parts.linears):
                 return None
             qkv, o, gate_up, down = gemms
-            weights += [layer.input_layernorm.weight, qkv.packed, o.packed, layer.post_attention_layernorm.weight,
-                        gate_up.packed, down.packed]
+            weights += [parts.input_norm, qkv.packed, o.packed, parts.post_attention_norm, gate_up.packed,
+                        down.packed]
             biases += [p.bias for p in gemms]
             scales += [p.scale for p in gemms]
             out_features = [p.out_features for p in gemms]
-            eps = layer.input_layernorm.eps
+            eps = parts.eps
         cfg = model.config
         return FusedLayers(weights, biases, scales, out_features, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps)
 

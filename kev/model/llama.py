@@ -16,7 +16,7 @@ from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
 from kev.model.row_invariance import Multiply
 from kev.model.step_metadata import StepMetadata
-from kev.model.fused_layers import FusedLayers
+from kev.model.fused_layers import FusedLayers, LayerParts
 from kev.model.linear import GemmWeight, Linear
 
 
@@ -92,6 +92,16 @@ class DecoderLayer(nn.Module):
         self.self_attn = attention if attention is not None else Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp if mlp is not None else MLP(cfg)
+
+    def fusion_parts(self) -> LayerParts | None:
+        """What the one-call decoder op (fused_layers) computes for this layer, or None where the layer is not
+        exactly Llama's: a family's own part (a subclass) or attention variant is never fused."""
+        attn, mlp, norms = self.self_attn, self.mlp, (self.input_layernorm, self.post_attention_layernorm)
+        if not (type(self) is DecoderLayer and type(attn) is Attention and attn.variant is None
+                and type(mlp) is MLP and all(type(norm) is RMSNorm for norm in norms)):
+            return None
+        return LayerParts(norms[0].weight, norms[1].weight, norms[0].eps,
+                          [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj])
 
     def forward(self, x: torch.Tensor, pending: torch.Tensor | None, rope: RotaryTable, meta: StepMetadata,
                 cache: PagedKVLayer) -> torch.Tensor:

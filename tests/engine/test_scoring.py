@@ -139,7 +139,7 @@ def test_schema_compilation_has_a_time_limit(engine):
     """A compile that does not finish in time is the question's error; the engine goes on."""
     import threading
 
-    from kev.engine.inputs import QuestionError
+    from kev.errors import QuestionError
     from kev.engine.structured import GrammarCompiler
 
     release = threading.Event()
