@@ -18,9 +18,9 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
@@ -37,16 +37,18 @@ from kev.distributed.prepare import Prepared, prepare, validate_options
 from kev.distributed.router_encoder import load_router_model
 from kev.distributed.router_link import RouterLink
 from kev.distributed.router_requests import OpenRequest
-from kev.engine.request import EventListener, StreamEvent
+from kev.engine.request import EventListener, Request
+from kev.engine.request_front import RequestFront
 from kev.engine.stats import EngineLoad, EngineStats
-from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError, UnknownRequestError
+from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError
 from kev.router.router import Placement
 
 log = logging.getLogger("kev.distributed")
+T = TypeVar("T")
 GRACE_S = 2.0  # a worker's own timeout result gets this long to arrive before the aggregator's placeholder
 
 
-class DistributedBackend:
+class DistributedBackend(RequestFront[OpenRequest]):
     failure: str | None = None  # the cluster's faults are retried, never final
 
     def __init__(self, config: KevConfig, registry: CollectorRegistry) -> None:
@@ -68,12 +70,6 @@ class DistributedBackend:
     # --- the Engine API --------------------------------------------------------------
     def submit(self, queries: list[Any], **options: Any) -> str:
         return self.loop.run(self._submit(queries, options))
-
-    def results(self, request_id: str) -> list[Result]:
-        return self.loop.call(lambda: self._request(request_id).ordered())
-
-    def stream(self, request_id: str, timeout: float | None = None) -> Iterator[StreamEvent]:
-        yield from self.loop.call(lambda: self._request(request_id)).view.iter_events(timeout)
 
     def cancel(self, request_id: str) -> None:
         """Unfinished questions get a cancelled answer (partial text kept); the workers are told to stop."""
@@ -281,11 +277,16 @@ class DistributedBackend:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _request(self, request_id: str) -> OpenRequest:
-        request = self.requests.get(request_id)
-        if request is None:
-            raise UnknownRequestError(f"request_id {request_id!r} is unknown")
-        return request
+    # --- how RequestFront reads its requests -------------------------------------------
+    def _ordered(self, request: OpenRequest) -> list[Result]:
+        return request.ordered()
+
+    def _view(self, request: OpenRequest) -> Request:
+        return request.view
+
+    def _home(self, read: Callable[[], T]) -> T:
+        """Requests live on the loop: read them there."""
+        return self.loop.call(read)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coroutine)

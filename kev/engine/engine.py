@@ -13,7 +13,6 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -21,6 +20,8 @@ import torch
 from kev.aggregator.ordering import order_results
 from kev.aggregator.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
+from kev.engine.bind_waiters import BindWaiters
+from kev.engine.channel_view import channel_states
 from kev.engine.describe import describe
 from kev.engine.engine_setup import EngineParts, build_parts
 from kev.engine.isolation_guard import IsolationGuard
@@ -29,14 +30,14 @@ from kev.engine.output import OutputProcessor, OutputSettings
 from kev.engine.overflow import place_all
 from kev.engine.packer import pack
 from kev.engine.question import Question
-from kev.engine.request import EventListener, Request, StreamEvent
+from kev.engine.request import EventListener, Request
+from kev.engine.request_front import RequestFront
 from kev.engine.sampler import sample
 from kev.engine.plan import StepPlan
 from kev.engine.stats import EngineLoad, EngineStats
 from kev.engine.structured import GrammarCompiler
 from kev.engine.submission import SubmitOptions, build_questions
-from kev.errors import (EngineFailedError, InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError,
-                        UnknownRequestError)
+from kev.errors import (EngineFailedError, InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError)
 from kev.isolation.audit import Alert, AuditLog
 from kev.model.device import pick_device
 from kev.model.step_metadata import StepMetadata
@@ -44,7 +45,7 @@ from kev.model.step_metadata import StepMetadata
 log = logging.getLogger("kev.engine")
 
 
-class Engine:
+class Engine(RequestFront[Request]):
     def __init__(self, config: KevConfig, parts: EngineParts | None = None, record_logits: bool = False,
                  background: bool = True) -> None:
         """background=False: no loop thread; wait() and run_until_idle() drive step() in the caller."""
@@ -85,9 +86,7 @@ class Engine:
         self.guard = IsolationGuard(self.audit, self.parts.blocks, self.scheduler.fail_channels)
         self._mutex = threading.RLock()
         self._lock = threading.Condition(self._mutex)
-        # overflow_policy `wait`: each blocked submit() waits on its own condition (of the same lock), woken
-        # only once its questions are bound, so a step never wakes every blocked caller at once.
-        self._bind_waiters: list[tuple[list[Question], threading.Condition]] = []
+        self.bind_waiters = BindWaiters(self._mutex)  # submit()s blocked by overflow_policy `wait`
         self.stats = EngineStats()
         self._closed = False
 
@@ -150,28 +149,21 @@ class Engine:
 
     def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
         """Block until every question of the request has a result; ordered by aggregator.mode."""
-        request = self._request(request_id)
+        self._request(request_id)
         if self._thread is None:
             self.run_until_idle()
-        request.wait_done(timeout)
-        return self.results(request_id)
+        return super().wait(request_id, timeout)
 
-    def results(self, request_id: str) -> list[Result]:
-        """The results available now (all of them once the request is done)."""
-        request = self._request(request_id)
+    def _ordered(self, request: Request) -> list[Result]:
         priorities = {i: q.priority for i, q in request.questions.items()}
         return order_results(list(request.results.values()), self.config.aggregator.mode, priorities)
-
-    def stream(self, request_id: str, timeout: float | None = None) -> Iterator[StreamEvent]:
-        """Per-question deltas as they are produced; ends after every question's final event."""
-        yield from self._request(request_id).iter_events(timeout)
 
     def cancel(self, request_id: str) -> None:
         request = self._request(request_id)
         with self._lock:
             unfinished = [q for q in request.questions.values() if not q.is_finished]
             self.output.process([self.scheduler.finish(q, "cancelled") for q in unfinished])
-            self._wake_bound()  # a submit() still blocked on these questions returns
+            self.bind_waiters.wake_bound()  # a submit() still blocked on these questions returns
 
     def forget(self, request_id: str) -> None:
         """Cancel what is unfinished and drop the request's bookkeeping (a long-running server calls this)."""
@@ -191,10 +183,6 @@ class Engine:
     def alert_counts(self) -> dict[str, int]:
         """Audit alerts raised so far, by kind."""
         return dict(self.audit.alert_counts)
-
-    def generate(self, queries: list[Any], timeout: float | None = None, **options: Any) -> list[Result]:
-        """submit() then wait(): the one-call form."""
-        return self.wait(self.submit(queries, **options), timeout)
 
     def close(self) -> None:
         """Stop the loop; unfinished questions end as cancelled, so every wait() and stream() returns."""
@@ -218,6 +206,8 @@ class Engine:
         started = time.perf_counter()
         with self._lock:
             plan = self.scheduler.schedule()
+            self.bind_waiters.wake_bound()  # submit()s whose questions this plan admitted return
+            self.runner.copy_slots(plan.copies)  # shared-prefix K/V into the channels that attach it
             meta = self._pack(plan)  # None: nothing to run, or the audit stopped the forward
         logits = LogitRows.split(plan.work, self.runner.run(meta)) if meta is not None else None
         sampled_ids = sample(logits.sampling, plan.sample_rows) if logits is not None else None
@@ -227,10 +217,7 @@ class Engine:
         return self._record(plan, meta, sampled_ids, started)
 
     def _pack(self, plan: StepPlan) -> StepMetadata | None:
-        """Lock held: wake the `wait` submitters whose questions were admitted, apply the plan's slot copies,
-        pack its work into one step's metadata and audit it."""
-        self._wake_bound()
-        self.runner.copy_slots(plan.copies)
+        """Lock held: the plan's work packed into one step's metadata, audited (None: no forward this step)."""
         if not plan.work:
             return None
         meta = pack(plan.work, self.parts.blocks, self.runner.plan, self.runner.device)
@@ -270,20 +257,7 @@ class Engine:
     def channel_states(self) -> list[dict[str, Any]]:
         """Live state of every channel in the pool: idle / prefill / decode, and whose question it holds."""
         with self._lock:
-            states = []
-            for channel in self.parts.pool.channels:
-                q = channel.question
-                states.append({
-                    "channel_id": channel.channel_id,
-                    "state": q.phase.value if q else "idle",
-                    "request_id": q.request_id if q else None,
-                    "index": q.index if q else None,
-                    "tokens": q.num_tokens if q else 0,
-                    "queued": len(channel.queue),
-                    "kv_blocks": len(self.parts.blocks.block_table(channel.channel_id)),
-                    "num_served": channel.num_served,
-                })
-            return states
+            return channel_states(self.parts.pool, self.parts.blocks)
 
     def queue_length(self) -> int:
         with self._lock:
@@ -322,7 +296,7 @@ class Engine:
             self._failure, self._closed = str(err), True
             unfinished = [q for r in self.requests.values() for q in r.questions.values() if not q.is_finished]
             self.output.process([self.scheduler.finish(q, "error", self._failure) for q in unfinished])
-            self._wake_bound()
+            self.bind_waiters.wake_bound()
             self._lock.notify_all()
 
     def _wait_for_room(self, questions: list[Question], seconds: float | None) -> None:
@@ -330,19 +304,8 @@ class Engine:
         if self._thread is None:
             self.step()  # no loop thread: the blocked caller drives the engine itself
             return
-        waiter = threading.Condition(self._mutex)
-        self._bind_waiters.append((questions, waiter))
         self._lock.notify_all()  # the loop may be asleep: what was placed so far is work for it
-        try:
-            waiter.wait(seconds)
-        finally:
-            self._bind_waiters = [(qs, w) for qs, w in self._bind_waiters if w is not waiter]
-
-    def _wake_bound(self) -> None:
-        """Lock held: wake the `wait` submitters whose questions all have a channel now (or were cancelled)."""
-        for questions, waiter in self._bind_waiters:
-            if all(q.channel_id is not None or q.is_finished for q in questions):
-                waiter.notify()
+        self.bind_waiters.wait(questions, seconds)
 
     def _loop(self, parts: EngineParts | None, handoff: queue.Queue[EngineParts | BaseException]) -> None:
         try:
@@ -370,9 +333,3 @@ class Engine:
                 log.exception("step failed")
                 with self._lock:
                     self.output.process(self.scheduler.fail_running(f"engine step failed: {err!r}"))
-
-    def _request(self, request_id: str) -> Request:
-        request = self.requests.get(request_id)
-        if request is None:
-            raise UnknownRequestError(f"request_id {request_id!r} is unknown")
-        return request

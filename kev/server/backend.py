@@ -27,7 +27,7 @@ def build_backend(config: KevConfig, metrics: ServerMetrics, engine_factory: Eng
         router = DistributedBackend(config, metrics.registry)
         return EngineBridge(router, metrics, max_threads, readiness=router.link)
     if config.deploy.mode == "multi_gpu" and engine_factory is None:
-        from kev.distributed.replicas import ReplicaEngine
+        from kev.engine.replicas import ReplicaEngine
 
         return EngineBridge(ReplicaEngine(config), metrics, max_threads)
     if engine_factory is None:

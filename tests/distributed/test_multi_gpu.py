@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import kev
-from kev.distributed.replicas import ReplicaEngine
+from kev.engine.replicas import ReplicaEngine
 from tests.distributed.test_cluster_e2e import same_as_single
 from harness import ServerProcess
 

@@ -89,7 +89,7 @@ def test_more_ranks_than_key_value_heads_is_a_config_error(default_model: Any) -
 
 
 def test_multi_gpu_replica_is_a_rank_group(solo: dict[str, Any]) -> None:
-    from kev.distributed.replicas import ReplicaEngine
+    from kev.engine.replicas import ReplicaEngine
 
     config = kev.load_config({"deploy": {"mode": "multi_gpu", "devices": ["cpu", "cpu"]},
                               "core": {**TP2["core"], "precision": "fp32"},

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import threading
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,8 +25,9 @@ from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts, load_model_and_tokenizer
 from kev.engine.events import EventRouter
 from kev.engine.request import EventListener, Request, StreamEvent
+from kev.engine.request_front import RequestFront
 from kev.engine.stats import EngineLoad, StepRecord
-from kev.errors import InvalidRequestError, UnknownRequestError
+from kev.errors import InvalidRequestError
 from kev.router.features import QuestionFeatures
 
 
@@ -63,7 +63,7 @@ class ReplicaStats:
         return sum(e.stats.num_tokens_generated for e in self.replicas)
 
 
-class ReplicaEngine:
+class ReplicaEngine(RequestFront[Request]):
     def __init__(self, config: KevConfig) -> None:
         self.config = config
         size = config.core.tensor_parallel
@@ -178,17 +178,9 @@ class ReplicaEngine:
             self.cancel(request_id)
         return len(unfinished)
 
-    def wait(self, request_id: str, timeout: float | None = None) -> list[Result]:
-        request = self._request(request_id)
-        request.wait_done(timeout)
-        return self.results(request_id)
-
-    def results(self, request_id: str) -> list[Result]:
-        request = self._request(request_id)
-        return order_results(list(request.results.values()), self.config.aggregator.mode, self.priorities[request_id])
-
-    def stream(self, request_id: str, timeout: float | None = None) -> Iterator[StreamEvent]:
-        yield from self._request(request_id).iter_events(timeout)
+    def _ordered(self, request: Request) -> list[Result]:
+        return order_results(list(request.results.values()), self.config.aggregator.mode,
+                             self.priorities[request.request_id])
 
     def cancel(self, request_id: str) -> None:
         """Cancel every share; their cancelled results are in before this returns, as with one engine."""
@@ -205,9 +197,6 @@ class ReplicaEngine:
             self.routers[share.replica].drop(share.request_id)
         self.requests.pop(request_id, None)
         self.priorities.pop(request_id, None)
-
-    def generate(self, queries: list[Any], timeout: float | None = None, **options: Any) -> list[Result]:
-        return self.wait(self.submit(queries, **options), timeout)
 
     def channel_states(self) -> list[dict[str, Any]]:
         return [{**state, "worker": f"replica{i}:{self.devices[i]}"}
@@ -237,12 +226,6 @@ class ReplicaEngine:
     def close(self) -> None:
         for replica in self.replicas:
             replica.close()
-
-    def _request(self, request_id: str) -> Request:
-        request = self.requests.get(request_id)
-        if request is None:
-            raise UnknownRequestError(f"request_id {request_id!r} is unknown")
-        return request
 
 
 def _text_of(raw: Any) -> str:
