@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 from kev.aggregator.result import FinishReason
 from kev.engine.prefix_jobs import PrefixJob, SlotCopy
-from kev.engine.question import Question, SamplingParams
+from kev.engine.question import Question
+from kev.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from kev.engine.structured import ChannelGrammar

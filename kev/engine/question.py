@@ -8,38 +8,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kev.aggregator.result import FinishReason, Status
+from kev.engine.sampling_params import SamplingParams
 from kev.router.features import QuestionFeatures
 
-if TYPE_CHECKING:  # runtime imports would cycle (structured → inputs → question); torch stays out of bookkeeping
+if TYPE_CHECKING:  # torch stays out of bookkeeping; structured (llguidance) is only a type here
     import torch
 
     from kev.engine.structured import ChannelGrammar, CompiledGrammar
     from kev.isolation.prefix_store import PrefixEntry
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False  # generate exactly max_tokens (benchmarks)
-    logprobs: int | None = None  # None: none; k: each new token's logprob and its k most likely alternatives
-    prompt_logprobs: bool = False  # also the logprob of every prompt token (after the first); allows max_tokens 0
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), sorted by id
-    presence_penalty: float = 0.0  # subtracted from the logit of every token already generated
-    frequency_penalty: float = 0.0  # times the number of times it was generated
-
-    @property
-    def adjusts_logits(self) -> bool:
-        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
-    @property
-    def is_greedy(self) -> bool:
-        # Below 1e-5, logits / temperature overflows to inf and softmax to NaN: greedy is the limit anyway.
-        return self.temperature < 1e-5
 
 
 class Phase(enum.Enum):

@@ -10,7 +10,8 @@ from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
 from kev.engine.inputs import QuestionSpec, RequestDefaults, parse_question, validate_sampling, validate_timeout
-from kev.engine.question import Question, SamplingParams
+from kev.engine.question import Question
+from kev.engine.sampling_params import SamplingParams
 from kev.engine.structured import CompiledGrammar, GrammarCompiler
 from kev.errors import ContextOverflowError, InvalidRequestError, QuestionError
 from kev.model.tokenizer import Tokenizer

@@ -6,7 +6,8 @@ import torch
 
 from kev.engine.logprobs import LogitRows
 from kev.engine.output import OutputProcessor, OutputSettings, stop_prefix_length
-from kev.engine.question import Phase, Question, SamplingParams
+from kev.engine.question import Phase, Question
+from kev.engine.sampling_params import SamplingParams
 from kev.engine.request import Request, StreamEvent
 from kev.engine.plan import QuestionOutput
 from kev.isolation.audit import AuditLog

@@ -6,7 +6,8 @@ import random
 from kev.config.schema import RouterConfig
 from kev.engine.channel_pool import ChannelPool
 from kev.engine.prefix_jobs import PrefixJobs
-from kev.engine.question import Phase, Question, SamplingParams
+from kev.engine.question import Phase, Question
+from kev.engine.sampling_params import SamplingParams
 from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.isolation.block_manager import BlockManager
 from kev.isolation.prefix_store import PrefixStore
