@@ -43,7 +43,8 @@ class BatchManager:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        """On the event loop: pick up every batch a previous server left unfinished."""
+        """On the event loop: pick up every batch a previous server left unfinished (and delete expired files)."""
+        self.store.files()  # reading a file's record deletes it once expired (OpenAI's expires_after)
         for record in self.store.batches():
             if record["status"] in UNFINISHED:
                 log.info("batch %s: resuming (%s)", record["id"], record["status"])

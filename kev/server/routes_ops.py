@@ -61,12 +61,14 @@ async def channels(service: KevService = Depends(get_service),
 
 
 def _as_seen_by(tenant: str, state: dict[str, Any], owner: str | None) -> dict[str, Any]:
-    """Another tenant's question (or a batch line's) shows as a busy channel: no request id, text or token count,
-    which would tell how long its prompt is."""
-    if state["state"] == "idle" or owner == tenant:
+    """A tenant sees its own questions in full; any other channel only as idle or busy: no request id, text, token
+    or block count (how long another caller's prompt is), no served count or hash bucket (which channel, so which
+    semantic bucket, another caller's questions go to)."""
+    if state["state"] != "idle" and owner == tenant:
         return state
-    return {"channel_id": state["channel_id"], "state": "busy", "request_id": None, "index": None, "tokens": 0,
-            "kv_blocks": 0, "num_served": 0}
+    busy = state["state"] != "idle"
+    return {"channel_id": state["channel_id"], "state": "busy" if busy else "idle", "request_id": None,
+            "index": None, "tokens": 0, "kv_blocks": 0, "num_served": 0}
 
 
 def operator_only(request: Request) -> Caller:
