@@ -113,16 +113,17 @@ def seen_by_bob(as_: dict[str, httpx.Client]) -> list[Any]:
 def test_a_probe_of_another_tenants_prompt_is_a_miss_that_moves_nothing_bob_reads(
         as_: dict[str, httpx.Client]) -> None:
     question = {"queries": [[{"role": "user", "content": "Say OK."}]], "system": SECRET, "isolation": "loose"}
+    alice, bob = counters(as_, "alice"), counters(as_, "bob")
     for _ in range(2):  # alice's own repeat hits her cache
         assert as_["alice"].post("/v1/query", json=question).status_code == 200
-    assert counters(as_, "alice") == (2, 1)
+    assert counters(as_, "alice") == (alice[0] + 2, alice[1] + 1)
     before = seen_by_bob(as_)
     probe = as_["bob"].post("/v1/query", json=question).json()["results"][0]
     after_probe = seen_by_bob(as_)
     decoy = as_["bob"].post("/v1/query", json={**question, "system": SECRET.replace("4417", "9052")})
     assert probe["status"] == decoy.json()["results"][0]["status"] == "ok"
     assert before == after_probe == seen_by_bob(as_), "the right guess and the decoy leave bob's view alike"
-    assert counters(as_, "bob") == (2, 0), "bob's probe was a miss"
+    assert counters(as_, "bob") == (bob[0] + 2, bob[1]), "bob's probe was a miss"
 
 
 def test_delete_in_flight_answers_200_on_every_route(as_: dict[str, httpx.Client]) -> None:
@@ -138,9 +139,11 @@ def test_delete_in_flight_answers_200_on_every_route(as_: dict[str, httpx.Client
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Count to 500."}], "max_tokens": 400,
             "ignore_eos": True, "stream": True}
     with alice.stream("POST", "/v1/chat/completions", json=chat) as response:
-        first = json.loads(next(line for line in response.iter_lines() if line.startswith("data:"))[5:])
+        lines = response.iter_lines()  # held: a dropped iterator closes the connection, which cancels as well
+        first = json.loads(next(line for line in lines if line.startswith("data:"))[5:])
         cancel = alice.delete(f"/v1/requests/{first['id']}")
-        assert cancel.status_code == 200, cancel.text
+        assert cancel.status_code == 200 and cancel.json()["status"] == "cancelled", cancel.text
+        assert '"finish_reason": "cancelled"' in "".join(lines)
     # a call that waits for its whole answer: its id from /v1/channels, the caller's own
     answer: list[httpx.Response] = []
     waiting = threading.Thread(target=lambda: answer.append(alice.post("/v1/query", json={"queries": [LONG]})))
