@@ -156,8 +156,8 @@ class EngineTotals(Collector):
         for kind, count in self.alerts.items():
             alerts.add_metric([kind], count)
         yield alerts
-        yield CounterMetricFamily("kev_prefix_cache_queries", "loose-level prefix cache lookups (a declared public "
-                                  "prefix looked up across requests)", value=self.load.prefix_queries)
+        yield CounterMetricFamily("kev_prefix_cache_queries", "loose-level prefix cache lookups across requests "
+                                  "(the declared public prefix, or a tenant's own)", value=self.load.prefix_queries)
         yield CounterMetricFamily("kev_prefix_cache_hits", "loose-level prefix cache lookups that found the prefix's "
                                   "K/V already there (no prefill)", value=self.load.prefix_hits)
         yield from _per_tenant(self.load.prefix_by_tenant)
