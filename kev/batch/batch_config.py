@@ -17,3 +17,7 @@ class BatchConfig(BaseModel):
     # Requests (lines) in flight at once per job; None: 2 x router.channel_pool_size x (1 + channel_queue_depth)
     # per engine (every channel busy and as many again ready, as if all were submitted at once).
     max_inflight: int | None = Field(None, ge=1)
+    # Bytes of files one tenant may keep (uploads and batch outputs); None: no quota. An upload past it is a 413.
+    tenant_quota_bytes: int | None = Field(10 << 30, ge=1)
+    # Uploads without expires_after are deleted this long after upload (OpenAI: 3600 .. 2592000); None: kept.
+    default_file_expiry_s: int | None = Field(30 * 24 * 3600, ge=3600, le=2_592_000)

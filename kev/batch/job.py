@@ -51,6 +51,7 @@ class JobOptions:
     skip_invalid: bool = False
     quiet: bool = False
     defaults: dict[str, Any] = field(default_factory=dict)  # body fields for lines that do not set them
+    tenant: str | None = None  # whose requests (loose caches a private prefix per tenant); None: the default
 
 
 @dataclass
@@ -108,7 +109,7 @@ async def _run(config: KevConfig, job: PreparedJob, options: JobOptions, out: Ou
         tally.load_s, tally.started = time.monotonic() - loading, time.monotonic()  # rates count from here
         try:
             runner = BatchRunner(backend, RequestBuilder.from_config(config).model_name,
-                                 options.max_inflight or default_max_inflight(config), options.ordered)
+                                 options.max_inflight or default_max_inflight(config), options.ordered, options.tenant)
 
             def emit(_: BatchRequest, record: dict[str, Any]) -> None:
                 out.write(record)

@@ -69,7 +69,8 @@ class OutputFile:
             sys.stdout.flush()
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd, self._owned = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), True
+            # answers: readable by their owner alone
+            self._fd, self._owned = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), True
 
     def write(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-import uuid
+import secrets
 from typing import Any
 
 from kev.aggregator.result import Result
@@ -97,4 +97,4 @@ def usage_of(record: dict[str, Any]) -> tuple[int, int]:
 
 
 def new_id() -> str:
-    return "batch_req_" + uuid.uuid4().hex
+    return "batch_req_" + secrets.token_hex(16)

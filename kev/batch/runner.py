@@ -27,9 +27,11 @@ RETRY_S = (0.05, 0.2, 1.0)  # backoff while the pool is full or the queue unreac
 
 
 class BatchRunner:
-    def __init__(self, backend: EngineBridge, model_name: str, max_inflight: int, ordered: bool = False) -> None:
+    def __init__(self, backend: EngineBridge, model_name: str, max_inflight: int, ordered: bool = False,
+                 tenant: str | None = None) -> None:
+        """tenant: whose requests these are (a server batch's owner, `kev batch --tenant`); None: the default."""
         self.backend, self.model_name = backend, model_name
-        self.max_inflight, self.ordered = max_inflight, ordered
+        self.max_inflight, self.ordered, self.tenant = max_inflight, ordered, tenant
 
     async def run(self, requests: list[BatchRequest], emit: Emit, stop: asyncio.Event) -> bool:
         """True when every request was answered; False when stopped first."""
@@ -79,7 +81,8 @@ class BatchRunner:
         attempt = 0
         while not stop.is_set():
             try:
-                return await self.backend.submit(request.queries, request.options)
+                options = request.options if self.tenant is None else {**request.options, "tenant": self.tenant}
+                return await self.backend.submit(request.queries, options)
             except (RejectedError, UnavailableError, TimeoutError) as err:  # full, or unreachable: wait it out
                 log.debug("line %d: %s; retrying", request.line.line_no, err)
             await _first(asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)]), stop)

@@ -20,7 +20,7 @@ from kev.batch.output_file import OutputFile, resume
 from kev.batch.records import is_failure
 from kev.batch.requests import BatchRequest, RequestBuilder, build_all
 from kev.batch.runner import BatchRunner
-from kev.batch.store import BatchStore
+from kev.batch.store import BatchStore, owner
 from kev.server.bridge import EngineBridge
 
 if TYPE_CHECKING:
@@ -43,13 +43,15 @@ class BatchManager:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        """On the event loop: pick up every batch a previous server left unfinished."""
+        """On the event loop: pick up every batch a previous server left unfinished (and delete expired files)."""
+        self.store.files()  # reading a file's record deletes it once expired (OpenAI's expires_after)
         for record in self.store.batches():
             if record["status"] in UNFINISHED:
                 log.info("batch %s: resuming (%s)", record["id"], record["status"])
                 self._spawn(record)
 
-    def create(self, input_file_id: str, endpoint: str, metadata: dict[str, str] | None) -> dict[str, Any]:
+    def create(self, input_file_id: str, endpoint: str, metadata: dict[str, str] | None,
+               tenant: str) -> dict[str, Any]:
         now = int(time.time())
         record: dict[str, Any] = {
             "id": self.store.new_batch_id(), "object": "batch", "endpoint": endpoint, "errors": None,
@@ -58,20 +60,22 @@ class BatchManager:
             "expires_at": now + WINDOW_S, "finalizing_at": None, "completed_at": None, "failed_at": None,
             "expired_at": None, "cancelling_at": None, "cancelled_at": None,
             "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": metadata,
-            "kev": {"output": self.store.new_file_id(), "errors": self.store.new_file_id()}}
+            "kev": {"output": self.store.new_file_id(), "errors": self.store.new_file_id(), "tenant": tenant}}
         self.store.save_batch(record)
         self._spawn(record)
         return record
 
-    def get(self, batch_id: str) -> dict[str, Any] | None:
-        return self._live.get(batch_id) or self.store.batch(batch_id)
+    def get(self, batch_id: str, tenant: str) -> dict[str, Any] | None:
+        """The batch, if it is the tenant's (another tenant's is as unknown as a made-up id)."""
+        record = self._live.get(batch_id) or self.store.batch(batch_id)
+        return record if record is not None and owner(record) == tenant else None
 
-    def list(self) -> list[dict[str, Any]]:
-        return [self._live.get(b["id"], b) for b in self.store.batches()]
+    def list(self, tenant: str) -> list[dict[str, Any]]:
+        return [self._live.get(b["id"], b) for b in self.store.batches() if owner(b) == tenant]
 
-    def cancel(self, batch_id: str) -> dict[str, Any] | None:
+    def cancel(self, batch_id: str, tenant: str) -> dict[str, Any] | None:
         """A running batch turns `cancelling` and stops; what finished stays in its output."""
-        record = self.get(batch_id)
+        record = self.get(batch_id, tenant)
         if record is None or record["status"] not in UNFINISHED or record["status"] == "cancelling":
             return record
         record.update(status="cancelling", cancelling_at=int(time.time()))
@@ -127,7 +131,7 @@ class BatchManager:
     def _read(self, record: dict[str, Any]) -> tuple[builtins.list[BatchRequest], builtins.list[LineError]]:
         """Validating: every line of the input file must be a request to the batch's endpoint."""
         path = self.store.data_path(record["input_file_id"])
-        if self.store.file(record["input_file_id"]) is None:
+        if self.store.file(record["input_file_id"], owner(record)) is None:
             return [], [LineError(0, None, "input_file_id", f"{record['input_file_id']!r} no longer exists")]
         try:
             text = path.read_text(encoding="utf-8")
@@ -173,7 +177,8 @@ class BatchManager:
                 saved[0] = time.monotonic()
 
         try:
-            await BatchRunner(backend, self.builder.model_name, self.max_inflight).run(requests, emit, stop)
+            runner = BatchRunner(backend, self.builder.model_name, self.max_inflight, tenant=owner(record))
+            await runner.run(requests, emit, stop)
         finally:
             outputs.close()
             failures.close()
@@ -200,10 +205,10 @@ class BatchManager:
         else:
             record.update(finalizing_at=now, **{f"{status}_at": now})
             record["output_file_id"] = self.store.seal_file(record["kev"]["output"], f"{record['id']}_output.jsonl",
-                                                            "batch_output")["id"]
+                                                            "batch_output", owner(record))["id"]
             if record["request_counts"]["failed"]:
                 record["error_file_id"] = self.store.seal_file(record["kev"]["errors"], f"{record['id']}_error.jsonl",
-                                                               "batch_output")["id"]
+                                                               "batch_output", owner(record))["id"]
         self.store.save_batch(record)
         log.info("batch %s %s: %s", record["id"], status, record["request_counts"])
 

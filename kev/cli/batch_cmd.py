@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, help="max_tokens of lines that do not set it")
     parser.add_argument("--temperature", type=float,
                         help="temperature of lines that do not set it (OpenAI's default: 1)")
+    parser.add_argument("--tenant", help="whose requests these are: under isolation loose, a prompt prefix is cached "
+                                         "for this tenant only (as a server's API key names it; default: default)")
     parser.add_argument("--quiet", action="store_true", help="no progress and no summary on stderr")
     parser.add_argument("--json-summary", metavar="FILE", help="write the summary numbers as JSON to FILE")
 
@@ -38,15 +40,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kev.batch.job import JobOptions, prepare, read_source
     from kev.batch.job import run as run_job
+    from kev.config.server_config import TENANT_NAME
     from kev.errors import KevError
 
     if args.max_inflight is not None and args.max_inflight < 1:
         raise KevError("--max-inflight: at least 1")
+    if args.tenant is not None and not TENANT_NAME.match(args.tenant):
+        raise KevError(f"--tenant: {args.tenant!r} is not a tenant name (letters, digits, '_', '.', '-')")
     config = config_from_args(args)
     defaults = {key: value for key, value in (("max_tokens", args.max_tokens), ("temperature", args.temperature))
                 if value is not None}
     options = JobOptions(None if args.output == "-" else Path(args.output), args.ordered, args.max_inflight,
-                         args.skip_invalid, args.quiet, defaults)
+                         args.skip_invalid, args.quiet, defaults, args.tenant)
     lines, source = read_source(args.input)
     fmt: Literal["jsonl", "txt"] = "txt" if (args.format or "jsonl") == "txt" or (
         args.format is None and args.input.endswith(".txt")) else "jsonl"

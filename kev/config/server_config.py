@@ -4,7 +4,27 @@ It lives with the config, not the server: loading a config never imports the ser
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DEFAULT_TENANT = "default"  # the tenant of server.api_key, of an open server, and of library callers
+
+
+class KeySource(BaseModel):
+    """Where an API key is read at start-up: an environment variable or a file (its first line)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KeySource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("a key source names exactly one of env (a variable) or file (a path)")
+        return self
 
 
 class ServerConfig(BaseModel):
@@ -12,8 +32,16 @@ class ServerConfig(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
-    # Bearer token every route but /healthz requires; the CLI flag and KEV_API_KEY override it.
+    # Bearer token every route but /healthz requires; the CLI flag and KEV_API_KEY override it. It is the key of
+    # one tenant, "default" (docs/security.md).
     api_key: str | None = Field(None, min_length=1)
+    # Tenants: name -> key (a string, or {env: VAR} / {file: PATH}, read at start-up). Each tenant sees only its own
+    # requests, files and batches; under loose its prompts are cached for itself alone.
+    api_keys: dict[str, str | KeySource] = {}
+    api_keys_file: str | None = None  # more tenants: lines "TENANT KEY" ('#' starts a comment line), read at start-up
+    # The operator's key: /metrics (prefix cache counters per tenant), /v1/stats, the full /v1/channels view.
+    # None: with one tenant, that tenant is the operator; with several, nobody is.
+    operator_key: str | KeySource | None = None
     model_name: str | None = None  # id shown by /v1/models; default: the name of core.model_path
     max_body_bytes: int = Field(1 << 20, ge=64)
     max_questions: int = Field(256, ge=1)  # questions per request (and prompts x n for the OpenAI routes)
@@ -35,3 +63,12 @@ class ServerConfig(BaseModel):
     stats_interval_s: float = Field(10.0, ge=0)  # a throughput / queue / KV usage line this often while busy; 0: never
     result_ttl_s: float = Field(600.0, gt=0)  # how long results of an async request stay readable after it finished
     max_retained_results: int = Field(1024, ge=1)  # finished async requests kept at most (oldest forgotten first)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _tenant_names(cls, keys: dict[str, str | KeySource]) -> dict[str, str | KeySource]:
+        for name in keys:
+            if not TENANT_NAME.match(name) or name == "operator":
+                raise ValueError(f"server.api_keys: {name!r} is not a tenant name (letters, digits, '_', '.', '-', "
+                                 "at most 64; 'operator' is the operator key's)")
+        return keys

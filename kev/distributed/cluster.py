@@ -20,6 +20,7 @@ from pathlib import Path
 from kev.config import ConfigSource, load_config
 from kev.distributed.nats_server import NatsServer
 from kev.errors import KevError
+from kev.server.tenants import Tenants
 
 log = logging.getLogger("kev.distributed")
 
@@ -67,7 +68,8 @@ class LocalCluster:
         path = self.workdir / "kev.yaml"
         # JSON is YAML
         path.write_text(json.dumps({"kev": config.model_dump(mode="json", exclude_none=True)}, indent=1))
-        return path, config.server.api_key
+        # the readiness probe reads /v1/channels (every worker's): the operator's key, or the lone tenant's
+        return path, Tenants.from_config(config.server).any_key()
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log_path = self.workdir / f"{name}.log"

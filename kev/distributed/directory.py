@@ -7,7 +7,7 @@ questions come back by redelivery anyway.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kev.distributed.messages import MalformedMessage, WorkerStatus, decode
@@ -64,7 +64,8 @@ class WorkerDirectory:
         """Running, waiting and KV blocks of the live workers; prefix-cache counters of every worker heard from."""
         live = sum((_load(s) for s in self.live()), EngineLoad())
         ever = sum((_load(s) for s in self.seen.values()), EngineLoad())
-        return replace(live, prefix_queries=ever.prefix_queries, prefix_hits=ever.prefix_hits)
+        return replace(live, prefix_queries=ever.prefix_queries, prefix_hits=ever.prefix_hits,
+                       prefix_by_tenant=ever.prefix_by_tenant)
 
     def channel_states(self) -> list[dict[str, Any]]:
         """Every live worker's channels; channel_id is the worker's own, `worker` says whose."""
@@ -73,4 +74,4 @@ class WorkerDirectory:
 
 def _load(status: WorkerStatus) -> EngineLoad:
     """A heartbeat's load (fields an older worker does not send count as 0)."""
-    return EngineLoad(**{f.name: int(status.load.get(f.name, 0)) for f in fields(EngineLoad)})
+    return EngineLoad.from_counts(status.load)

@@ -37,7 +37,7 @@ def validate_options(config: KevConfig, options: dict[str, Any]) -> SubmitOption
                                             "logprobs", "prompt_logprobs", "structured_outputs", "logit_bias",
                                             "presence_penalty", "frequency_penalty")}
     return SubmitOptions.validate(config, options.get("isolation"), options.get("max_parallel"),
-                                  options.get("timeout_ms"), options.get("system"), sampling)
+                                  options.get("timeout_ms"), options.get("system"), sampling, options.get("tenant"))
 
 
 def prepare(queries: list[Any], request_id: str, submit: SubmitOptions, config: KevConfig, tokenizer: Tokenizer,

@@ -40,6 +40,7 @@ from kev.distributed.router_requests import OpenRequest
 from kev.engine.request import EventListener, Request
 from kev.engine.request_front import RequestFront
 from kev.engine.stats import EngineLoad, EngineStats
+from kev.engine.submission import new_request_id
 from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError
 from kev.router.router import Placement
 
@@ -124,7 +125,7 @@ class DistributedBackend(RequestFront[OpenRequest]):
         submit = validate_options(self.config, options)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
-        request_id = uuid.uuid4().hex[:16]
+        request_id = new_request_id()
         prepared, errors = prepare(list(queries), request_id, submit, self.config, self.tokenizer, self.vocab_size,
                                    self.placer.router)
         placements = await self._place(prepared)

@@ -18,7 +18,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import asdict
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -215,7 +214,7 @@ class Worker:
                               num_steps=self.engine.stats.num_steps,
                               num_tokens_computed=self.engine.stats.num_tokens_computed,
                               num_tokens_generated=self.engine.stats.num_tokens_generated,
-                              alerts=self.engine.alert_counts(), load=asdict(load))
+                              alerts=self.engine.alert_counts(), load=load.to_counts())
         await self.link.nc.publish(self.link.topology.status_subject(self.worker_id), status.encode())
 
     async def _on_status(self, msg: Msg) -> None:

@@ -12,7 +12,6 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from typing import Any
 
 import torch
@@ -36,7 +35,7 @@ from kev.engine.sampler import sample
 from kev.engine.plan import StepPlan
 from kev.engine.stats import EngineLoad, EngineStats
 from kev.engine.structured import GrammarCompiler
-from kev.engine.submission import SubmitOptions, build_questions
+from kev.engine.submission import SubmitOptions, build_questions, new_request_id
 from kev.errors import (EngineFailedError, InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError)
 from kev.isolation.audit import Alert, AuditLog
 from kev.model.device import pick_device
@@ -101,7 +100,8 @@ class Engine(RequestFront[Request]):
                timeout_ms: int | None = None, system: str | None = None, ignore_eos: bool | None = None,
                logprobs: int | None = None, prompt_logprobs: bool | None = None,
                structured_outputs: dict[str, Any] | None = None, logit_bias: dict[Any, float] | None = None,
-               presence_penalty: float | None = None, frequency_penalty: float | None = None) -> str:
+               presence_penalty: float | None = None, frequency_penalty: float | None = None,
+               tenant: str | None = None) -> str:
         """Route the questions to channels; returns a request_id. Bad questions become error results.
 
         logprobs=k: each new token's logprob and its k most likely alternatives; prompt_logprobs:
@@ -109,6 +109,8 @@ class Engine(RequestFront[Request]):
         distribution before temperature, top-k/top-p and any grammar. structured_outputs: one of
         json / json_object / regex / choice / grammar (kev.engine.structured), per question too.
         logit_bias / presence_penalty / frequency_penalty: as OpenAI's, applied to the question's own row.
+        tenant: whose request (the server's API key names it; default "default"): under loose, a prefix
+        other than the operator's public one is reused only by requests of the same tenant.
 
         When no channel can take a question, router.overflow_policy decides: `wait` blocks
         here (OverflowTimeoutError after the question's timeout_ms), `queue` and `reject`
@@ -118,10 +120,10 @@ class Engine(RequestFront[Request]):
                     "prompt_logprobs": prompt_logprobs, "structured_outputs": structured_outputs,
                     "logit_bias": logit_bias, "presence_penalty": presence_penalty,
                     "frequency_penalty": frequency_penalty}
-        options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling)
+        options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling, tenant)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
-        request_id = uuid.uuid4().hex[:16]
+        request_id = new_request_id()
         request = Request(request_id, len(queries), options.isolation)
         questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config,
                                             self.runner.model.config.vocab_size, self.parts.router, self.grammars)

@@ -46,9 +46,9 @@ class PrefixJobs:
     def register(self, q: Question) -> None:
         """Called when a question with a declared prefix is queued."""
         assert q.prefix_ids
-        level = "loose" if q.prefix_public and q.isolation == "loose" else q.isolation
-        key = prefix_key(level, q.prefix_ids, q.request_id, "public")
-        entry, is_new = self.store.acquire(key, q.prefix_ids, level)
+        # loose caches across requests: the operator's public prefix for everyone, any other only for its tenant
+        key = prefix_key(q.isolation, q.prefix_ids, q.request_id, q.tenant, q.prefix_public)
+        entry, is_new = self.store.acquire(key, q.prefix_ids, q.isolation, q.tenant)
         q.prefix = entry
         if is_new:
             self.blocks.promise(entry.owner_id, entry.num_tokens)

@@ -45,6 +45,7 @@ class Question:
     original_text: str | None = None
     prefix_ids: list[int] = field(default_factory=list)  # declared shared prefix (system prompt), if any
     prefix_public: bool = False  # the prefix is the operator's config system prompt (loose may cache it)
+    tenant: str = "default"  # the caller's (server.api_keys): loose caches a private prefix only for its tenant
     submitted_at: float = field(default_factory=time.time)
     normalized_text: str | None = None
     features: QuestionFeatures | None = None  # what the router routes on
@@ -79,7 +80,7 @@ class Question:
     def shadow_copy(self) -> Question:
         """The same question, to be run alone: same prompt, prefix, sampling, seed and constraint."""
         return Question(self.request_id, self.index, list(self.prompt_ids), self.sampling, None, self.priority,
-                        self.isolation, self.original_text, list(self.prefix_ids), self.prefix_public,
+                        self.isolation, self.original_text, list(self.prefix_ids), self.prefix_public, self.tenant,
                         seed=self.seed, grammar_spec=self.grammar_spec, shadow_of=self)
 
     @property

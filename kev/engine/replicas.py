@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +26,7 @@ from kev.engine.events import EventRouter
 from kev.engine.request import EventListener, Request, StreamEvent
 from kev.engine.request_front import RequestFront
 from kev.engine.stats import EngineLoad, StepRecord
+from kev.engine.submission import new_request_id
 from kev.errors import InvalidRequestError
 from kev.router.features import QuestionFeatures
 
@@ -101,7 +101,7 @@ class ReplicaEngine(RequestFront[Request]):
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
         by_replica = self._place(list(queries))
-        request_id = uuid.uuid4().hex[:16]
+        request_id = new_request_id()
         shares: list[Share] = []
         try:
             for replica, indexes in by_replica.items():

@@ -103,7 +103,8 @@ class Scheduler:
     def load(self) -> EngineLoad:
         blocks, store = self.blocks, self.prefixes.store
         return EngineLoad(len(self.running), len(self.waiting()), blocks.num_used_blocks, blocks.num_blocks,
-                          store.num_loose_queries, store.num_loose_hits)
+                          store.num_loose_queries, store.num_loose_hits,
+                          {tenant: (queries, hits) for tenant, (queries, hits) in store.loose_counts.items()})
 
     def has_work(self) -> bool:
         return bool(self.running or self.overflow or self.pool.num_queued() or self.shadows or self.prefixes.jobs

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,33 @@ class EngineLoad:
     kv_blocks_total: int = 0
     prefix_queries: int = 0  # loose-level prefix cache lookups since start
     prefix_hits: int = 0  # ... that found the prefix's K/V already computed
+    # tenant -> (lookups, hits) of the tenant's requests: the operator's view only (docs/security.md)
+    prefix_by_tenant: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __add__(self, other: EngineLoad) -> EngineLoad:
-        return EngineLoad(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        tenants = dict(self.prefix_by_tenant)
+        for tenant, (queries, hits) in other.prefix_by_tenant.items():
+            mine = tenants.get(tenant, (0, 0))
+            tenants[tenant] = (mine[0] + queries, mine[1] + hits)
+        return EngineLoad(**{f: getattr(self, f) + getattr(other, f) for f in _COUNTS}, prefix_by_tenant=tenants)
+
+    def to_counts(self) -> dict[str, int]:
+        """Flat, for a worker's heartbeat: the per-tenant pairs as prefix_queries:TENANT / prefix_hits:TENANT."""
+        counts = {f: getattr(self, f) for f in _COUNTS}
+        for tenant, (queries, hits) in self.prefix_by_tenant.items():
+            counts[f"prefix_queries:{tenant}"], counts[f"prefix_hits:{tenant}"] = queries, hits
+        return counts
+
+    @classmethod
+    def from_counts(cls, counts: dict[str, int]) -> EngineLoad:
+        """The inverse of to_counts (a field an older worker does not send counts as 0)."""
+        tenants = {key.partition(":")[2]: (int(n), int(counts.get("prefix_hits:" + key.partition(":")[2], 0)))
+                   for key, n in counts.items() if key.startswith("prefix_queries:")}
+        return cls(**{f: int(counts.get(f, 0)) for f in _COUNTS}, prefix_by_tenant=tenants)
 
     @property
     def kv_usage(self) -> float:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+_COUNTS = tuple(f.name for f in fields(EngineLoad) if f.type in ("int", int))

@@ -9,6 +9,7 @@ from typing import Any
 from kev.aggregator.result import Result
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
+from kev.config.server_config import DEFAULT_TENANT, TENANT_NAME
 from kev.engine.inputs import QuestionSpec, RequestDefaults, parse_question, validate_sampling, validate_timeout
 from kev.engine.question import Question
 from kev.engine.sampling_params import SamplingParams
@@ -25,10 +26,11 @@ class SubmitOptions:
     isolation: str
     max_parallel: int
     defaults: RequestDefaults
+    tenant: str = DEFAULT_TENANT  # whose request: loose caches its private prefixes for this tenant only
 
     @classmethod
     def validate(cls, config: KevConfig, isolation: str | None, max_parallel: int | None, timeout_ms: int | None,
-                 system: str | None, sampling: dict[str, Any]) -> SubmitOptions:
+                 system: str | None, sampling: dict[str, Any], tenant: str | None = None) -> SubmitOptions:
         level = isolation or config.isolation.level
         if level not in ISOLATION_ORDER:
             raise InvalidRequestError(f"isolation: unknown level {level!r} (strict, shared, loose)")
@@ -48,12 +50,15 @@ class SubmitOptions:
             raise InvalidRequestError(str(err)) from None
         if system is not None and not isinstance(system, str):
             raise InvalidRequestError(f"system: must be a string, got {type(system).__name__}")
+        if tenant is not None and not (isinstance(tenant, str) and TENANT_NAME.match(tenant)):
+            raise InvalidRequestError(f"tenant: {tenant!r} is not a tenant name (letters, digits, '_', '.', '-'; "
+                                      "at most 64)")
         defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout,
                                    system or config.isolation.system_prompt,
                                    system_is_public=system is None and config.isolation.system_prompt is not None,
                                    timeout_ms_cap=config.router.timeout_ms_cap,
                                    structured_outputs=sampling.get("structured_outputs"))
-        return cls(level, min(max_parallel or cap, cap), defaults)
+        return cls(level, min(max_parallel or cap, cap), defaults, tenant or DEFAULT_TENANT)
 
 
 @dataclass
@@ -127,6 +132,7 @@ def build_questions(queries: list[Any], request_id: str, options: SubmitOptions,
     for r in read:
         q = _question(r.spec, r.prompt_ids, request_id, r.index, options.isolation)
         q.shadow = random.random() < config.isolation.shadow_rate
+        q.tenant = options.tenant
         if r.grammar is not None:
             q.grammar_spec, q.grammar = r.grammar, r.grammar.start()
         # Prompt logprobs need every prompt row computed in the question's own channel: no attached prefix.
@@ -181,3 +187,8 @@ def _question(spec: QuestionSpec, prompt_ids: list[int], request_id: str, index:
         seed = spec.sampling.seed if spec.sampling.seed is not None else secrets.randbits(62)
     return Question(request_id, index, prompt_ids, spec.sampling, spec.timeout_ms, spec.priority, isolation,
                     spec.original_text, seed=seed)
+
+
+def new_request_id() -> str:
+    """128 bits from the OS's CSPRNG: an id another caller can neither guess nor enumerate."""
+    return secrets.token_hex(16)

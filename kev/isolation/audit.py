@@ -7,6 +7,7 @@ only written when `audit.path` is. Checks read the step's actual attention metad
 from __future__ import annotations
 
 import json
+import os
 import logging
 import threading
 import time
@@ -42,12 +43,15 @@ class AuditLog:
         self.alert_counts: dict[str, int] = {}
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+            os.chmod(self.path, 0o600)  # prompts and answers: the owner's alone, even if an older run made it 0644
 
     def write(self, kind: str, **fields: Any) -> None:
         if self.path is None:
             return
         line = json.dumps({"ts": round(time.time(), 6), "kind": kind, **fields}, ensure_ascii=False)
-        with self._lock, self.path.open("a", encoding="utf-8") as handle:
+        with self._lock, open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a",
+                              encoding="utf-8") as handle:
             handle.write(line + "\n")
 
     def alert(self, alert: Alert) -> None:

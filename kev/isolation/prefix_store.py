@@ -4,21 +4,30 @@ strict  — the entry is scratch: each channel copies its K/V into private block
           the entry is released once every question of the request has copied.
 shared  — the entry's full blocks become read-only and every channel's table points at
           them (ref counted); a partial last block is copied privately.
-loose   — as shared, but the entry outlives its request, keyed by (tenant, token hash),
-          so a repeated public prefix costs no prefill; evicted when blocks run short.
+loose   — as shared, but the entry outlives its request, so a repeated prefix costs no
+          prefill; evicted when blocks run short. A prefix the operator declared public
+          (isolation.system_prompt) is one entry for every caller; any other prefix is keyed
+          by its tenant, so a caller can never hit, and so never time, another tenant's
+          prompt (vLLM's CVE-2025-46570; docs/security.md).
 
-Entry keys are typed tuples: (scope, tenant or request_id, token hash). strict and shared
-entries are scoped to one request, so nothing is ever reused across requests there.
+Entry keys are typed: (scope, owner, token hash) with scope "public" (owner ""), "tenant"
+(owner: the tenant) or "request" (owner: the request_id; strict and shared, where nothing is
+ever reused across requests). Distinct scopes never collide, whatever a tenant is named.
 """
 from __future__ import annotations
 
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
 from kev.isolation.block_manager import BlockManager
 
-PrefixKey = tuple[str, str, str]
+
+class PrefixKey(NamedTuple):
+    scope: Literal["public", "tenant", "request"]
+    owner: str  # "" (public), the tenant, or the request_id
+    digest: str  # of the prefix's token ids (the entry keeps the ids too: a hash is not proof)
 
 
 @dataclass
@@ -36,9 +45,12 @@ class PrefixEntry:
         return len(self.token_ids)
 
 
-def prefix_key(level: str, token_ids: list[int], request_id: str, tenant: str) -> PrefixKey:
-    digest = hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:24]
-    return ("loose", tenant, digest) if level == "loose" else (level, request_id, digest)
+def prefix_key(level: str, token_ids: list[int], request_id: str, tenant: str, is_public: bool) -> PrefixKey:
+    """loose: one entry per public prefix, else one per (tenant, prefix); strict and shared: per request."""
+    digest = hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()
+    if level != "loose":
+        return PrefixKey("request", request_id, digest)
+    return PrefixKey("public", "", digest) if is_public else PrefixKey("tenant", tenant, digest)
 
 
 class PrefixStore:
@@ -47,18 +59,28 @@ class PrefixStore:
         self.entries: dict[PrefixKey, PrefixEntry] = {}
         self._next_owner = -1
         self.num_hits = 0
-        self.num_loose_queries = 0  # loose lookups (the cross-request prefix cache), for /metrics
-        self.num_loose_hits = 0
+        # loose lookups (the cross-request prefix cache) and hits, by the tenant that looked: for the operator's
+        # /metrics only (a count another tenant could read would tell it when its guess was cached)
+        self.loose_counts: dict[str, list[int]] = {}
 
-    def acquire(self, key: PrefixKey, token_ids: list[int], level: str) -> tuple[PrefixEntry, bool]:
-        """The entry for key (created if new); True when it must still be computed."""
+    @property
+    def num_loose_queries(self) -> int:
+        return sum(queries for queries, _ in self.loose_counts.values())
+
+    @property
+    def num_loose_hits(self) -> int:
+        return sum(hits for _, hits in self.loose_counts.values())
+
+    def acquire(self, key: PrefixKey, token_ids: list[int], level: str, tenant: str = "") -> tuple[PrefixEntry, bool]:
+        """The entry for key (created if new); True when it must still be computed. tenant: who looks (counters)."""
         entry = self.entries.get(key)
-        self.num_loose_queries += level == "loose"
+        counts = self.loose_counts.setdefault(tenant, [0, 0]) if level == "loose" else [0, 0]
+        counts[0] += 1
         if entry is not None and entry.token_ids == token_ids:  # tokens compared too: a hash is not proof
             entry.waiting += 1
             entry.last_used = time.monotonic()
             self.num_hits += entry.ready
-            self.num_loose_hits += level == "loose"  # found: its K/V are not computed again
+            counts[1] += 1  # found: its K/V are not computed again
             return entry, False
         entry = PrefixEntry(key, self._next_owner, list(token_ids), level, waiting=1)
         self._next_owner -= 1

@@ -207,7 +207,7 @@ class ChannelModel(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     channel_id: int
-    state: str = Field(description="idle, prefill or decode")
+    state: str = Field(description="idle, prefill or decode; busy: another tenant's question (no ids, no counts)")
     request_id: str | None
     index: int | None
     tokens: int

@@ -30,18 +30,20 @@ from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
 from kev.server.oplog import report_stats
 from kev.server.playground import routes as playground
 from kev.server.service import KevService
+from kev.server.tenants import Tenants
 
 log = logging.getLogger("kev.server")
 
 
 def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory | None = None,
               on_load_failed: Callable[[Exception], None] | None = None) -> FastAPI:
-    """api_key overrides config.server.api_key; on_load_failed lets the CLI stop the server if the model cannot load
-    (or the engine fails for good later: a tensor-parallel rank died).
+    """api_key overrides config.server.api_key (tenant "default"; docs/security.md); on_load_failed lets the CLI stop
+    the server if the model cannot load (or the engine fails for good later: a tensor-parallel rank died).
 
     engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
     metrics = ServerMetrics()
-    service = KevService(config, metrics)
+    tenants = Tenants.from_config(config.server, api_key)  # a key that cannot be read stops the start here
+    service = KevService(config, metrics, tenants)
     batches = BatchManager(service, BatchStore(config.batch.dir))
 
     @asynccontextmanager
@@ -70,7 +72,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
         app.include_router(router)
     _document_served_model(app, service.model_name)
     # An uploaded file may be as large as batch.max_file_bytes; the route checks its exact size.
-    app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key,
+    app.add_middleware(GateMiddleware, tenants=tenants,
                        max_body_bytes=config.server.max_body_bytes, body_timeout_s=config.server.body_timeout_s,
                        path_limits={"/v1/files": (config.batch.max_file_bytes, "batch.max_file_bytes")})
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: counts the gate's refusals too

@@ -156,10 +156,24 @@ class EngineTotals(Collector):
         for kind, count in self.alerts.items():
             alerts.add_metric([kind], count)
         yield alerts
-        yield CounterMetricFamily("kev_prefix_cache_queries", "loose-level prefix cache lookups (a declared public "
-                                  "prefix looked up across requests)", value=self.load.prefix_queries)
+        yield CounterMetricFamily("kev_prefix_cache_queries", "loose-level prefix cache lookups across requests "
+                                  "(the declared public prefix, or a tenant's own)", value=self.load.prefix_queries)
         yield CounterMetricFamily("kev_prefix_cache_hits", "loose-level prefix cache lookups that found the prefix's "
                                   "K/V already there (no prefill)", value=self.load.prefix_hits)
+        yield from _per_tenant(self.load.prefix_by_tenant)
+
+
+def _per_tenant(counts: dict[str, tuple[int, int]]) -> Iterator[CounterMetricFamily]:
+    """The prefix cache's counters by the tenant that looked (/metrics is the operator's: docs/security.md)."""
+    queries = CounterMetricFamily("kev_prefix_cache_tenant_queries", "loose-level prefix cache lookups by the "
+                                  "requests of one tenant", labels=["tenant"])
+    hits = CounterMetricFamily("kev_prefix_cache_tenant_hits", "... those that found the K/V already there (a "
+                               "public prefix, or one of the same tenant)", labels=["tenant"])
+    for tenant, (num_queries, num_hits) in sorted(counts.items()):
+        queries.add_metric([tenant], num_queries)
+        hits.add_metric([tenant], num_hits)
+    yield queries
+    yield hits
 
 
 def _after(recent: list[StepRecord], last: StepRecord | None) -> list[StepRecord]:

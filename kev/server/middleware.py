@@ -1,4 +1,4 @@
-"""Two ASGI layers in front of every route: the gate (API key, body size, UTF-8) and HTTP request counting.
+"""Two ASGI layers in front of every route: the gate (API key -> caller, body size, UTF-8) and HTTP request counting.
 
 They are plain ASGI (not BaseHTTPMiddleware) so streaming responses and client
 disconnects pass through untouched.
@@ -6,7 +6,6 @@ disconnects pass through untouched.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import re
 import sys
@@ -18,6 +17,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kev.server.errors import error_body
 from kev.server.metrics import ServerMetrics
 from kev.server.playground import PAGE_PATHS
+from kev.server.tenants import Tenants
+from kev.server.upload_gate import stream_upload
 
 # Liveness and readiness probes carry no key (/health, as in vLLM and llama.cpp); nor does loading the
 # playground page, which holds no secret (its API calls do).
@@ -27,19 +28,25 @@ UPLOAD_ENVELOPE = 64 << 10  # multipart boundaries and part headers around an up
 
 
 class GateMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, body_timeout_s: float = 30.0,
+    def __init__(self, app: ASGIApp, tenants: Tenants, max_body_bytes: int, body_timeout_s: float = 30.0,
                  path_limits: dict[str, tuple[int, str]] | None = None) -> None:
         """path_limits: path -> (limit, the config key it comes from) for uploads: their body may hold that many
-        bytes of file plus UPLOAD_ENVELOPE of multipart framing (the route checks the file's own size)."""
+        bytes of file plus UPLOAD_ENVELOPE of multipart framing (the route checks the file's own size); it streams
+        through to the route (kev/server/upload_gate.py) instead of being read here."""
         self.app, self.max_body_bytes, self.body_timeout_s = app, max_body_bytes, body_timeout_s
         self.path_limits = path_limits or {}
-        self.api_key = api_key.encode() if api_key else None
+        self.tenants = tenants
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":  # the server's own start and stop: no caller
             return await self.app(scope, receive, send)
         headers = _headers(scope)
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS and not self._authorized(headers):
+        caller = self.tenants.caller(headers.get("authorization", ""))
+        if caller is not None:  # the routes read it: which tenant's requests, files and batches
+            scope["state"] = {**scope.get("state", {}), "caller": caller}
+        if scope["type"] != "http":  # a websocket, or any scope type a later server brings: the key or nothing
+            return await self._other_scope(scope, receive, send, caller is not None)
+        if caller is None and scope["path"] not in OPEN_PATHS:
             return await _refuse(scope, receive, send, 401,
                                  "Authorization: missing or wrong API key (use 'Bearer KEY')", "Authorization",
                                  {"WWW-Authenticate": "Bearer"})
@@ -50,6 +57,9 @@ class GateMiddleware:
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > allowed:
             return await _refuse(scope, receive, send, 413, _too_large(int(declared), limit, key), "body")
+        if scope["path"] in self.path_limits:
+            return await stream_upload(self.app, scope, receive, send, allowed, self.body_timeout_s,
+                                       lambda size: _too_large(size, limit, key), _refuse)
         body = bytearray()
         more = True
         try:
@@ -73,10 +83,15 @@ class GateMiddleware:
                                  path)
         await self.app(scope, _replay(bytes(body), receive), send)
 
-    def _authorized(self, headers: dict[str, str]) -> bool:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        # compare_digest: the time taken does not tell how much of the key was right.
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key or b"")
+    async def _other_scope(self, scope: Scope, receive: Receive, send: Send, authorized: bool) -> None:
+        if scope["type"] == "websocket":
+            if authorized:
+                return await self.app(scope, receive, send)
+            await receive()  # websocket.connect; closing before accepting answers the handshake with 403
+            return await send({"type": "websocket.close", "code": 1008, "reason": "missing or wrong API key"})
+        if authorized:
+            return await self.app(scope, receive, send)
+        return None  # an unknown scope type without the key: nothing of the app runs
 
 
 class HttpMetricsMiddleware:

@@ -15,6 +15,7 @@ class Tracked:
     request_id: str
     watch: Watch
     retained: bool  # async requests stay readable after they finish; others go when answered
+    tenant: str = "default"  # whose: another tenant's GET / DELETE is a 404
     cancelled: bool = False
 
     @property
@@ -50,6 +51,11 @@ class RequestRegistry:
 
     def remove(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
+
+    def owner(self, request_id: str) -> str | None:
+        """The tenant whose request it is (None: not one of this server's, e.g. a batch line's)."""
+        tracked = self._requests.get(request_id)
+        return tracked.tenant if tracked is not None else None
 
     def unfinished(self) -> list[str]:
         return [rid for rid, t in self._requests.items() if not t.is_done]

@@ -1,10 +1,12 @@
 """OpenAI's Files and Batches API (/v1/files, /v1/batches): the official client's batch calls work unchanged.
 
 Files and batch records live on disk under batch.dir (kev/batch/store.py); the batches run
-on the server's own backend (kev/batch/server_batches.py). Auth is the gate's, as for every route.
+on the server's own backend (kev/batch/server_batches.py). Auth is the gate's, as for every route;
+each file and batch is its tenant's: another tenant's id is a 404, as an unknown one.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
@@ -13,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kev.batch.input_file import URLS
 from kev.batch.server_batches import BatchManager, public
+from kev.batch.store import QuotaError, public_file, safe_filename
 from kev.server.errors import ApiError, error_responses
+from kev.server.tenants import Caller, caller_of
 
 router = APIRouter(tags=["batch"])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 503)
@@ -33,54 +37,85 @@ class BatchBody(BaseModel):
 
 
 # --- files ----------------------------------------------------------------------------
+MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 2_592_000  # OpenAI's bounds on expires_after[seconds]
+
+
 @router.post("/v1/files", responses=_ERRORS, summary="Upload a batch input file (JSONL, purpose=batch)")
 async def create_file(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()],
-                      batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+                      anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
+                      seconds: Annotated[int | None, Form(alias="expires_after[seconds]")] = None,
+                      batches: BatchManager = Depends(get_batches),
+                      caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    """The upload was spooled to a temporary file as it arrived; here it is copied to the store off the loop."""
     if purpose != "batch":
         raise ApiError(422, f"purpose: {purpose!r} is not supported here (only 'batch')", "purpose")
-    limit = batches.service.config.batch.max_file_bytes
-    data = await file.read(limit + 1)
-    if len(data) > limit:
-        raise ApiError(413, f"file: over {limit} bytes; the limit is batch.max_file_bytes={limit}", "file")
-    return batches.store.add_file(data, file.filename or "upload.jsonl", purpose)
+    config = batches.service.config.batch
+    try:
+        meta = await asyncio.to_thread(batches.store.add_file, file.file, file.filename or "upload.jsonl", purpose,
+                                       caller.tenant, config.max_file_bytes, config.tenant_quota_bytes,
+                                       _expiry(anchor, seconds, config.default_file_expiry_s))
+    except ValueError as err:
+        raise ApiError(413, f"file: {err}", "file") from None
+    except QuotaError as err:
+        raise ApiError(413, f"file: {err}", "file") from None
+    return public_file(meta)
 
 
-@router.get("/v1/files", responses=error_responses(401), summary="Files, newest first")
-async def list_files(batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
-    return {"object": "list", "data": batches.store.files(), "has_more": False}
+def _expiry(anchor: str | None, seconds: int | None, default_s: int | None) -> int | None:
+    """OpenAI's expires_after: anchor created_at, 3600 .. 2592000 seconds; without it batch.default_file_expiry_s."""
+    if anchor is None and seconds is None:
+        return default_s
+    if anchor != "created_at":
+        raise ApiError(422, f"expires_after[anchor]: {anchor!r} is not supported (only 'created_at')",
+                       "expires_after[anchor]")
+    if seconds is None or not MIN_EXPIRY_S <= seconds <= MAX_EXPIRY_S:
+        raise ApiError(422, f"expires_after[seconds]: {seconds!r} is not between {MIN_EXPIRY_S} and {MAX_EXPIRY_S}",
+                       "expires_after[seconds]")
+    return seconds
+
+
+@router.get("/v1/files", responses=error_responses(401), summary="The caller's files, newest first")
+async def list_files(batches: BatchManager = Depends(get_batches),
+                     caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    return {"object": "list", "data": [public_file(f) for f in batches.store.files(caller.tenant)], "has_more": False}
 
 
 @router.get("/v1/files/{file_id}", responses=error_responses(401, 404), summary="A file's description")
-async def retrieve_file(file_id: str, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
-    return _file(batches, file_id)
+async def retrieve_file(file_id: str, batches: BatchManager = Depends(get_batches),
+                        caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    return public_file(_file(batches, file_id, caller))
 
 
 @router.get("/v1/files/{file_id}/content", responses=error_responses(401, 404), summary="A file's bytes")
-async def file_content(file_id: str, batches: BatchManager = Depends(get_batches)) -> FileResponse:
-    meta = _file(batches, file_id)
-    return FileResponse(batches.store.data_path(file_id), media_type="application/jsonl", filename=meta["filename"])
+async def file_content(file_id: str, batches: BatchManager = Depends(get_batches),
+                       caller: Caller = Depends(caller_of)) -> FileResponse:
+    meta = _file(batches, file_id, caller)
+    return FileResponse(batches.store.data_path(file_id), media_type="application/jsonl",
+                        filename=safe_filename(meta["filename"]))
 
 
 @router.delete("/v1/files/{file_id}", responses=error_responses(401, 404), summary="Delete a file")
-async def delete_file(file_id: str, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
-    _file(batches, file_id)
+async def delete_file(file_id: str, batches: BatchManager = Depends(get_batches),
+                      caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    _file(batches, file_id, caller)
     batches.store.delete_file(file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 
 
-def _file(batches: BatchManager, file_id: str) -> dict[str, Any]:
-    meta = batches.store.file(file_id)
-    if meta is None:
+def _file(batches: BatchManager, file_id: str, caller: Caller) -> dict[str, Any]:
+    meta = batches.store.file(file_id, caller.tenant)
+    if meta is None:  # another tenant's answers the same: existence is not revealed
         raise ApiError(404, f"file_id: {file_id!r} is unknown", "file_id")
     return meta
 
 
 # --- batches --------------------------------------------------------------------------
 @router.post("/v1/batches", responses=_ERRORS, summary="Run every request of an uploaded file; returns at once")
-async def create_batch(body: BatchBody, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
+async def create_batch(body: BatchBody, batches: BatchManager = Depends(get_batches),
+                       caller: Caller = Depends(caller_of)) -> dict[str, Any]:
     if batches.service.load_error:
         raise ApiError(503, f"model failed to load: {batches.service.load_error}", None)
-    meta = batches.store.file(body.input_file_id)
+    meta = batches.store.file(body.input_file_id, caller.tenant)
     if meta is None:
         raise ApiError(404, f"input_file_id: {body.input_file_id!r} is unknown", "input_file_id")
     if meta["purpose"] != "batch":
@@ -88,13 +123,14 @@ async def create_batch(body: BatchBody, batches: BatchManager = Depends(get_batc
                        "input_file_id")
     if body.endpoint not in URLS:
         raise ApiError(422, f"endpoint: {body.endpoint!r} is not supported (one of {', '.join(URLS)})", "endpoint")
-    return public(batches.create(body.input_file_id, body.endpoint, body.metadata))
+    return public(batches.create(body.input_file_id, body.endpoint, body.metadata, caller.tenant))
 
 
 @router.get("/v1/batches", responses=error_responses(401, 422), summary="Batches, newest first")
 async def list_batches(after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20,
-                       batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
-    records = batches.list()
+                       batches: BatchManager = Depends(get_batches),
+                       caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    records = batches.list(caller.tenant)
     if after is not None:
         ids = [r["id"] for r in records]
         records = records[ids.index(after) + 1:] if after in ids else []
@@ -104,13 +140,15 @@ async def list_batches(after: str | None = None, limit: Annotated[int, Query(ge=
 
 
 @router.get("/v1/batches/{batch_id}", responses=error_responses(401, 404), summary="A batch: status and request_counts")
-async def retrieve_batch(batch_id: str, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
-    return public(_batch(batches.get(batch_id), batch_id))
+async def retrieve_batch(batch_id: str, batches: BatchManager = Depends(get_batches),
+                         caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    return public(_batch(batches.get(batch_id, caller.tenant), batch_id))
 
 
 @router.post("/v1/batches/{batch_id}/cancel", responses=error_responses(401, 404), summary="Stop a batch")
-async def cancel_batch(batch_id: str, batches: BatchManager = Depends(get_batches)) -> dict[str, Any]:
-    return public(_batch(batches.cancel(batch_id), batch_id))
+async def cancel_batch(batch_id: str, batches: BatchManager = Depends(get_batches),
+                       caller: Caller = Depends(caller_of)) -> dict[str, Any]:
+    return public(_batch(batches.cancel(batch_id, caller.tenant), batch_id))
 
 
 def _batch(record: dict[str, Any] | None, batch_id: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from kev.server.errors import error_responses
 from kev.server.registry import Tracked
 from kev.server.service import KevService
 from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
+from kev.server.tenants import Caller, caller_of
 
 router = APIRouter(tags=["kev"])
 _SUBMIT_ERRORS = error_responses(400, 401, 413, 422, 429, 503)
@@ -24,11 +25,13 @@ def get_service(request: Request) -> KevService:
 
 @router.post("/v1/query", response_model=QueryResponse, responses={**SSE_RESPONSE, **_SUBMIT_ERRORS},
              summary="Answer questions, each in its own channel, in one engine run")
-async def query(body: QueryBody, request: Request, service: KevService = Depends(get_service)) -> Response:
+async def query(body: QueryBody, request: Request, service: KevService = Depends(get_service),
+                caller: Caller = Depends(caller_of)) -> Response:
     """With `"stream": true` the answer is Server-Sent Events: `delta` (index, channel_id, text, token_ids),
     then one `result` per question (every audit field) and a final `done`."""
     service.limits.check_submit(body)
-    tracked = await service.submit(body.engine_queries(), body.engine_options(), "query", listen=body.stream)
+    tracked = await service.submit(body.engine_queries(), body.engine_options(), "query", listen=body.stream,
+                                   tenant=caller.tenant)
     request_id = tracked.request_id
     if body.stream:
         return StreamingResponse(_events(service, tracked), media_type="text/event-stream",
@@ -60,9 +63,11 @@ async def _events(service: KevService, tracked: Tracked) -> AsyncIterator[str]:
 
 @router.post("/v1/requests", status_code=202, response_model=Accepted, responses=_SUBMIT_ERRORS,
              summary="Submit questions and return at once; poll GET /v1/requests/{request_id}")
-async def submit(body: SubmitBody, service: KevService = Depends(get_service)) -> JSONResponse:
+async def submit(body: SubmitBody, service: KevService = Depends(get_service),
+                 caller: Caller = Depends(caller_of)) -> JSONResponse:
     service.limits.check_submit(body)
-    tracked = await service.submit(body.engine_queries(), body.engine_options(), "async", retained=True)
+    tracked = await service.submit(body.engine_queries(), body.engine_options(), "async", retained=True,
+                                   tenant=caller.tenant)
     location = f"/v1/requests/{tracked.request_id}"
     accepted = Accepted(request_id=tracked.request_id, status="running", num_questions=tracked.watch.num_questions,
                         location=location)
@@ -71,20 +76,24 @@ async def submit(body: SubmitBody, service: KevService = Depends(get_service)) -
 
 @router.get("/v1/requests/{request_id}", response_model=RequestStatus, responses=_BY_ID_ERRORS,
             summary="Status of a request and its results so far")
-async def status(request_id: str, service: KevService = Depends(get_service)) -> RequestStatus:
-    return await _status(service, service.tracked(request_id))
+async def status(request_id: str, service: KevService = Depends(get_service),
+                 caller: Caller = Depends(caller_of)) -> RequestStatus:
+    return await _status(service, service.tracked(request_id, caller.tenant))
 
 
 @router.delete("/v1/requests/{request_id}", response_model=RequestStatus, responses=_BY_ID_ERRORS,
                summary="Cancel a request's unfinished questions (they come back with status cancelled)")
-async def cancel(request_id: str, service: KevService = Depends(get_service)) -> RequestStatus:
-    tracked = service.tracked(request_id)
+async def cancel(request_id: str, service: KevService = Depends(get_service),
+                 caller: Caller = Depends(caller_of)) -> RequestStatus:
+    """Any of the caller's requests in flight: async, a waiting /v1/query or OpenAI call, or a stream (which then
+    ends with the cancelled results)."""
+    tracked = service.tracked(request_id, caller.tenant)
     await service.cancel(tracked)
     return await _status(service, tracked)
 
 
 async def _status(service: KevService, tracked: Tracked) -> RequestStatus:
-    results = await service.results(tracked.request_id)
+    results = await service.results_of(tracked)
     total = tracked.watch.num_questions
     state: Literal["cancelled", "done", "running"] = (
         "cancelled" if tracked.cancelled else "done" if len(results) == total else "running")

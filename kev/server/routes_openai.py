@@ -19,6 +19,7 @@ from kev.server.registry import Tracked
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
 from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
+from kev.server.tenants import caller_of
 
 router = APIRouter(tags=["openai"])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
@@ -86,7 +87,7 @@ def _check_common(service: KevService, model: str, num_questions: int, max_token
 async def _answer(service: KevService, request: Request, reply: Reply, queries: list[Any], options: dict[str, Any],
                   stream: bool, include_usage: bool, api: str, structure_field: str | None = None,
                   single_prompt: bool = False, keep: int | None = None) -> Response:
-    tracked = await service.submit(queries, options, api, listen=stream)
+    tracked = await service.submit(queries, options, api, listen=stream, tenant=caller_of(request).tenant)
     prefix = "chatcmpl-" if reply.kind == "chat" else "cmpl-"
     reply = dataclasses.replace(reply, id=prefix + tracked.request_id)
     try:

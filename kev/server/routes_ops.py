@@ -1,20 +1,23 @@
 """Operations: /healthz (liveness: the process answers, from the first second), /health and /readyz
 (readiness: the model is loaded and every service a request needs is up; 503 + Retry-After until then,
 as llama.cpp's /health), /v1/channels (live channel table), /v1/stats (recent
-engine steps), /metrics (Prometheus)."""
+engine steps), /metrics (Prometheus). /metrics and /v1/stats span tenants: the operator's alone
+(server.operator_key); /v1/channels shows a tenant its own questions, the others' channels only as busy."""
 from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from typing import Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kev.server.api_models import ChannelModel, ChannelsResponse, Health, StatsResponse, StepModel
-from kev.server.errors import error_responses
+from kev.server.errors import ApiError, error_responses
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
+from kev.server.tenants import Caller, caller_of
 
 router = APIRouter(tags=["operations"])
 MAX_STEPS = 1024  # per answer: a poller asks for what came `since` its last answer
@@ -48,13 +51,37 @@ async def health(service: KevService = Depends(get_service)) -> JSONResponse:
 
 @router.get("/v1/channels", response_model=ChannelsResponse, responses=error_responses(401, 503),
             summary="Each channel's state (idle / prefill / decode), its question, tokens so far; queue length")
-async def channels(service: KevService = Depends(get_service)) -> ChannelsResponse:
+async def channels(service: KevService = Depends(get_service),
+                   caller: Caller = Depends(caller_of)) -> ChannelsResponse:
     states, queue_length = await service.ready_backend().channels()
+    if not caller.is_operator:
+        states = [_as_seen_by(caller.tenant, s, service.registry.owner(s.get("request_id") or "")) for s in states]
     return ChannelsResponse(channels=[ChannelModel(**s) for s in states], queue_length=queue_length,
                             num_active=sum(1 for s in states if s["state"] != "idle"))
 
 
-@router.get("/v1/stats", response_model=StatsResponse, responses=error_responses(401, 422, 503),
+def _as_seen_by(tenant: str, state: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    """A tenant sees its own questions in full; any other channel only as idle or busy: no request id, text, token
+    or block count (how long another caller's prompt is), no served count or hash bucket (which channel, so which
+    semantic bucket, another caller's questions go to)."""
+    if state["state"] != "idle" and owner == tenant:
+        return state
+    busy = state["state"] != "idle"
+    return {"channel_id": state["channel_id"], "state": "busy" if busy else "idle", "request_id": None,
+            "index": None, "tokens": 0, "kv_blocks": 0, "num_served": 0}
+
+
+def operator_only(request: Request) -> Caller:
+    """A route that spans tenants (a dependency): 403 for a tenant's key when server.operator_key is in use."""
+    caller = caller_of(request)
+    if not caller.is_operator:
+        raise ApiError(403, f"{request.url.path}: needs the operator key (server.operator_key); it spans tenants",
+                       "Authorization")
+    return caller
+
+
+@router.get("/v1/stats", response_model=StatsResponse, responses=error_responses(401, 403, 422, 503),
+            dependencies=[Depends(operator_only)],
             summary="The engine's own counters and its most recent steps (channels and tokens per forward, step time)")
 async def stats(since: float | None = Query(None, description="only steps that ended after this unix time"),
                 service: KevService = Depends(get_service)) -> StatsResponse:
@@ -67,7 +94,9 @@ async def stats(since: float | None = Query(None, description="only steps that e
 
 
 @router.get("/metrics", response_class=Response,
-            responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}, **error_responses(401)},
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+                       **error_responses(401, 403)},
+            dependencies=[Depends(operator_only)],
             summary="Prometheus metrics: requests, questions, tokens, step time, batch size, queue, rejects, alerts")
 async def metrics(service: KevService = Depends(get_service)) -> Response:
     if service.backend is not None:

@@ -15,7 +15,7 @@ from starlette.requests import Request as HttpRequest
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
-from kev.errors import InvalidRequestError, RejectedError, UnavailableError
+from kev.errors import InvalidRequestError, RejectedError, UnavailableError, UnknownRequestError
 from kev.model.tokenizer import Tokenizer
 from kev.server.bridge import EngineBridge
 from kev.server.errors import ApiError
@@ -23,13 +23,15 @@ from kev.server.limits import Limits
 from kev.server.metrics import ServerMetrics
 from kev.server.oplog import log_access, log_banner
 from kev.server.registry import RequestRegistry, Tracked
+from kev.server.tenants import Tenants
 
 log = logging.getLogger("kev.server")
 
 
 class KevService:
-    def __init__(self, config: KevConfig, metrics: ServerMetrics) -> None:
+    def __init__(self, config: KevConfig, metrics: ServerMetrics, tenants: Tenants | None = None) -> None:
         self.config, self.metrics = config, metrics
+        self.tenants = tenants or Tenants({})
         self.limits = Limits.from_config(config)
         server = config.server
         self.registry = RequestRegistry(server.max_inflight_requests, server.result_ttl_s, server.max_retained_results)
@@ -93,8 +95,8 @@ class KevService:
 
     # --- requests ------------------------------------------------------------
     async def submit(self, queries: list[Any], options: dict[str, Any], api: str, listen: bool = False,
-                     retained: bool = False) -> Tracked:
-        """Hand the questions to the engine; engine errors become HTTP errors naming the field."""
+                     retained: bool = False, *, tenant: str) -> Tracked:
+        """Hand the tenant's questions to the engine; engine errors become HTTP errors naming the field."""
         backend = self.ready_backend()
         if backend.unavailable is not None:
             self.metrics.rejects.labels("unavailable").inc()
@@ -105,7 +107,7 @@ class KevService:
             raise ApiError(429, f"server busy: {self.registry.num_inflight} requests in flight; the limit is "
                                 f"server.max_inflight_requests={self.registry.max_inflight}", None,
                            headers=self.retry_after)
-        options = {"max_tokens": self.limits.default_max_tokens, **options}
+        options = {"max_tokens": self.limits.default_max_tokens, **options, "tenant": tenant}
         started = time.monotonic()
         try:
             request_id = await backend.submit(queries, options)
@@ -123,7 +125,7 @@ class KevService:
             raise ApiError(503, str(err) or "no channel became free in time", None, headers=self.retry_after) from None
         finally:
             self.registry.unreserve()
-        tracked = Tracked(request_id, backend.watch(request_id, len(queries), listen), retained)
+        tracked = Tracked(request_id, backend.watch(request_id, len(queries), listen), retained, tenant)
         if self.config.server.access_log:  # set before the loop runs again, so before the watch can finish
             tracked.watch.on_finish = lambda watch: log_access(request_id, api, watch.statuses, started,
                                                                tracked.cancelled)
@@ -152,7 +154,17 @@ class KevService:
     async def cancel(self, tracked: Tracked) -> None:
         backend = self.loaded_backend()
         tracked.cancelled = not tracked.is_done
-        await backend.cancel(tracked.request_id)
+        try:
+            await backend.cancel(tracked.request_id)
+        except UnknownRequestError:  # it ended and was forgotten meanwhile (a stream that just closed): nothing left
+            pass
+
+    async def results_of(self, tracked: Tracked) -> list[Result]:
+        """Its results now; those its watch saw, once the engine has forgotten it (answered while we looked)."""
+        try:
+            return await self.results(tracked.request_id)
+        except UnknownRequestError:
+            return sorted(tracked.watch.results, key=lambda r: r.index)
 
     def release(self, request_id: str) -> None:
         """The caller is done with it (answered, or gone): cancel what is left and forget it. Never awaits."""
@@ -164,10 +176,12 @@ class KevService:
         for request_id in self.registry.expired():
             self.release(request_id)
 
-    def tracked(self, request_id: str) -> Tracked:
+    def tracked(self, request_id: str, tenant: str) -> Tracked:
+        """The tenant's request by id (the OpenAI routes' chatcmpl- / cmpl- ids too); another tenant's is a 404,
+        as an unknown one: its existence is not revealed."""
         self.sweep()
-        tracked = self.registry.get(request_id)
-        if tracked is None:
+        tracked = self.registry.get(request_id.removeprefix("chatcmpl-").removeprefix("cmpl-"))
+        if tracked is None or tracked.tenant != tenant:
             raise ApiError(404, f"request_id: {request_id!r} is unknown (or its results expired)", "request_id")
         return tracked
 

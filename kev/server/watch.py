@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from kev.aggregator.result import Result
 from kev.engine.request import StreamEvent
 
 
@@ -23,12 +24,14 @@ class Watch:
     events: asyncio.Queue[StreamEvent | None] | None = None  # only when a caller streams
     finished_at: float | None = None  # time.monotonic() when the last question finished
     statuses: Counter[str] = field(default_factory=Counter)  # results by status (the access log)
+    results: list[Result] = field(default_factory=list)  # as they came: what a status shows once the engine forgot it
     on_finish: Callable[[Watch], None] | None = None  # on the loop, once the last question finished
 
     def post(self, event: StreamEvent | None) -> None:
         """Hand an event (None = the end) to the loop; safe from any thread. Every event is posted, streamed or not."""
         if event is not None and event.result is not None:
             self.statuses[event.result.status] += 1
+            self.results.append(event.result)
         try:
             if self.events is not None:
                 self.loop.call_soon_threadsafe(self.events.put_nowait, event)

@@ -5,7 +5,6 @@ import asyncio
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 
 import pytest
 from nats.aio.msg import Msg
@@ -157,9 +156,10 @@ def test_cluster_counters_keep_a_gone_workers_count_and_gauges_drop_it() -> None
     for worker, used in (("w0", 3), ("w1", 5)):
         directory.on_status(WorkerStatus(worker=worker, partition=0, capacity=8, inflight=0, at=0.0,
                                          alerts={"shadow_mismatch": 1},
-                                         load=asdict(EngineLoad(1, 0, used, 100, 10, 4))).encode())
+                                         load=EngineLoad(1, 0, used, 100, 10, 4, {"a": (10, 4)}).to_counts()).encode())
     load = directory.load()
     assert (load.kv_blocks_used, load.kv_blocks_total, load.num_running, load.prefix_hits) == (8, 200, 2, 8)
+    assert load.prefix_by_tenant == {"a": (20, 8)}, "per-tenant prefix counters travel in the heartbeat"
     time.sleep(0.1)  # both heartbeats are now older than LIVE_PERIODS x heartbeat_s: the workers are gone
     load = directory.load()
     assert (load.kv_blocks_total, load.num_running, load.prefix_queries, load.prefix_hits) == (0, 0, 20, 8)

@@ -202,7 +202,7 @@ def test_engine_refusals_map_to_http(error: Exception, status: int, field: str |
     bridge = EngineBridge(RefusingEngine(error), service.metrics, 4)  # type: ignore[arg-type]
     service.attach(bridge)
     with pytest.raises(ApiError) as refused:
-        asyncio.run(service.submit(["q"], {}, "query"))
+        asyncio.run(service.submit(["q"], {}, "query", tenant="default"))
     bridge.pool.shutdown()
     assert (refused.value.status_code, refused.value.field) == (status, field)
     assert (refused.value.headers or {}).get("Retry-After") == retry_after
