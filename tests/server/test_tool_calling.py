@@ -34,6 +34,8 @@ TOOLS: list[Any] = [
 SCHEMAS = {"get_weather": WEATHER_ARGS, "get_time": TIME_ARGS}
 ASK: list[Any] = [{"role": "user", "content": "What will the weather be in Paris for the next 3 days?"}]
 KEY = "sk-tools"
+# These tests are about the HTTP surface: torch ops start at once (no C++ kernel build on a busy machine).
+TORCH_OPS = {"kernels": "torch"}
 
 
 def _assert_valid_calls(message: Any, one: bool = False) -> None:
@@ -50,7 +52,7 @@ def _calls(message: Any) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def client(start_server: Callable[..., ServerProcess]) -> Iterator[openai.OpenAI]:
-    server = start_server({"router": {"default_timeout_ms": 120_000}}, api_key=KEY)
+    server = start_server({"router": {"default_timeout_ms": 120_000}, "core": TORCH_OPS}, api_key=KEY)
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120) as client:
         yield client
 
@@ -142,7 +144,7 @@ def test_bad_tool_bodies_name_the_field(client: openai.OpenAI, model: str, body:
 @pytest.fixture(scope="module")
 def qwen(start_server: Callable[..., ServerProcess], tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     folder = build_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen"), resolve_model_path("smollm2-135m-instruct"))
-    return start_server({"core": {"model_path": str(folder), "precision": "fp32", "max_context": 1024},
+    return start_server({"core": {"model_path": str(folder), "precision": "fp32", "max_context": 1024, **TORCH_OPS},
                          "router": {"default_timeout_ms": 120_000}}, api_key=KEY)
 
 
