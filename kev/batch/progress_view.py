@@ -31,13 +31,16 @@ class ProgressView:
 
     def update(self) -> None:
         t = self.tally
-        eta = "-" if t.eta_s is None else clock(t.eta_s)
+        eta = self._eta()
         if self._lines is not None:
             self._lines.update(t.num_done, t.total, self._detail(eta))
         if self._progress is None or self._task is None:
             return
         self._progress.update(self._task, completed=t.num_done, failed=t.num_failed, rate=f"{t.tokens_per_s:.1f}",
                               eta=eta)
+
+    def _eta(self) -> str:
+        return "-" if self.tally.eta_s is None else clock(self.tally.eta_s)
 
     def _detail(self, eta: str) -> str:
         return f"{self.tally.num_failed} failed, {self.tally.tokens_per_s:.1f} tok/s, ETA {eta}"
@@ -49,7 +52,7 @@ class ProgressView:
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
         if self._lines is not None:
-            self._lines.close(self.tally.num_done, self.tally.total, self._detail("-"))
+            self._lines.close(self.tally.num_done, self.tally.total, self._detail(self._eta()))
         if self._progress is not None:
             self.update()
             self._progress.stop()

@@ -92,7 +92,8 @@ def _derived(flags: list[FlagValue], in_file: dict[str, Any]) -> list[FlagValue]
 
 def describe_flags(flags: list[FlagValue]) -> str:
     """For the start-up banner: which flag set which config field."""
-    return ", ".join(f"{f.flag} -> {f.key}={f.shown()}" for f in flags)
+    return ", ".join(f"{f.flag}{' ' + f.typed if f.typed else ''} -> {f.key}={'***' if f.secret else f.value}"
+                     for f in flags)
 
 
 def model_path(value: str) -> str:

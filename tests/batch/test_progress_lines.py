@@ -43,6 +43,18 @@ def test_kev_batch_to_a_log_prints_progress_lines(tmp_path) -> None:
     config = config_file(tmp_path, {"core": {"kernels": "torch"}})
     done = run_batch(source, "-o", tmp_path / "out.jsonl", "--config", config)  # stderr is a pipe, not a terminal
     assert done.returncode == 0, done.stderr
-    progress = [line for line in done.stderr.splitlines() if line.startswith("kev batch: ")]
+    progress = [line for line in done.stderr.splitlines()
+                if line.startswith("kev batch: ") and not line.startswith("kev batch: done:")]
     assert len(progress) >= 3 and progress[-1].startswith("kev batch: 20/20 (100%), 0 failed"), done.stderr
     assert all("elapsed" in line and "tok/s" in line for line in progress)
+    assert len(progress) == len(set(progress)) and sum("20/20" in line for line in progress) == 1
+
+
+@pytest.mark.service
+def test_kev_run_to_a_log_prints_progress_lines(capsys, tmp_path) -> None:
+    from kev.cli.main import main
+
+    config = config_file(tmp_path, {"core": {"kernels": "torch"}})
+    assert main(["run", "Hi", "Name a colour.", "--max-tokens", "3", "--config", str(config), "--json"]) == 0
+    lines = capsys.readouterr().err.splitlines()  # captured: not a terminal
+    assert lines and lines[-1].startswith("2/2 answered") and "(100%), elapsed " in lines[-1], lines

@@ -93,14 +93,26 @@ def test_streamed_calls_accumulate_in_the_openai_client(client: openai.OpenAI, m
         assert _calls(solo.choices[0].message) == _calls(final.choices[0].message)
 
 
+def _accumulate(chunks: Any) -> tuple[str | None, list[tuple[str, str]], str | None]:
+    """What an agent framework builds from raw chunks: content, calls (by index) and the finish reason."""
+    content, calls, reason = None, {}, None
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        if delta.content:
+            content = (content or "") + delta.content
+        for call in delta.tool_calls or []:
+            name, arguments = calls.get(call.index, ("", ""))
+            calls[call.index] = (name + (call.function.name or ""), arguments + (call.function.arguments or ""))
+        reason = chunk.choices[0].finish_reason or reason
+    return content, [calls[i] for i in sorted(calls)], reason
+
+
 def test_auto_answers_text_or_calls_consistently_streamed_or_not(client: openai.OpenAI, model: str) -> None:
     whole = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0)
     choice = whole.choices[0]
-    with client.chat.completions.stream(model=model, messages=ASK, tools=TOOLS, max_tokens=60,
-                                        temperature=0) as stream:
-        streamed = stream.get_final_completion().choices[0]
-    assert streamed.message.content == choice.message.content
-    assert _calls(streamed.message) == _calls(choice.message)
+    streamed = _accumulate(client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=60,
+                                                          temperature=0, stream=True))
+    assert streamed == (choice.message.content, _calls(choice.message), choice.finish_reason)
     if choice.message.tool_calls:
         assert choice.finish_reason == "tool_calls"
         _assert_valid_calls(choice.message)

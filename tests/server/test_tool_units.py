@@ -31,7 +31,7 @@ def test_hermes_text_then_calls_and_invalid_blocks_stay_text() -> None:
     text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
             '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
     parsed = parse(text, "hermes", NAMES)
-    assert parsed.content == "Let me check."
+    assert parsed.content == "Let me check.\n"  # the text before the first call, as vLLM gives it
     assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("get_weather", {"city": "Oslo"}),
                                                                           ("get_time", {})]
     for bad in ('<tool_call>{"name": "get_weather", "arguments": {"city"', "no call here",
@@ -74,6 +74,10 @@ def test_auto_streams_text_and_holds_a_call_until_it_is_whole() -> None:
     assert calls[0]["function"] == {"name": "get_time", "arguments": "{}"} and calls[0]["id"].startswith("call_")
     content, calls, finish = _stream(ToolReply("auto", "hermes", NAMES, "kev_generic"), ["a <tool", "box> b"])
     assert (content, calls, finish) == ("a <toolbox> b", [], "stop")
+    blank = ToolReply("auto", "hermes", NAMES, "kev_generic")
+    assert blank.deltas(0, "\n ") == []  # blanks before a call are no content
+    content, calls, finish = _stream(blank, ['<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'])
+    assert content == "" and len(calls) == 1 and blank.parsed("\n <tool_call>{\"name\": \"get_time\"}").content is None
 
 
 def test_named_streams_arguments_as_generated() -> None:

@@ -24,7 +24,8 @@ NAME = "smol-served"
 
 def dashboard_series() -> set[str]:
     block = QUERIES.read_text().split("```promql")[1].split("```")[0]
-    names = set(re.findall(r"\bvllm:[a-z_:]+", block)) - {"vllm:"}
+    queries = "\n".join(line for line in block.splitlines() if not line.startswith("#"))
+    names = set(re.findall(r"\bvllm:[a-z0-9_:]+", queries)) - {"vllm:"}
     assert len(names) >= 15
     return names
 

@@ -35,8 +35,8 @@ def parse(text: str, parser: str, names: set[str]) -> Parsed:
     calls = _hermes(text, names) if parser == "hermes" else _llama3(text, names)
     if calls is None:
         return Parsed(text, [])
-    content = text[:text.find(HERMES_OPEN)].strip() if parser == "hermes" else ""
-    return Parsed(content or None, calls)
+    content = text[:text.find(HERMES_OPEN)] if parser == "hermes" else ""  # as vLLM: the text before, unstripped
+    return Parsed(content if content.strip() else None, calls)
 
 
 def parse_required(text: str, names: set[str]) -> list[ParsedCall] | None:
@@ -99,7 +99,7 @@ def _json(text: str) -> Any:
 def _call(obj: Any, keys: tuple[str, str], names: set[str]) -> ParsedCall | None:
     if not isinstance(obj, dict) or obj.get("name") not in names:
         return None
-    arguments = next((obj[k] for k in keys if k in obj), {})
+    arguments: Any = next((obj[k] for k in keys if k in obj), {})
     if isinstance(arguments, str):  # some models write the arguments as a JSON text
         arguments = _json(arguments)
     if not isinstance(arguments, dict):

@@ -66,10 +66,10 @@ class ToolReply:
             return []
         cut = may_start_call(state.text, self.parser) if self.mode == "auto" else None
         end = len(state.text) if cut is None else cut
-        if end <= state.emitted:
+        if end <= state.emitted or not state.text[:end].strip():  # leading blanks wait: a call may follow them
             return []
-        out, state.emitted = state.text[state.emitted:end], end
-        return [{"content": out}]
+        content, state.emitted = state.text[state.emitted:end], end
+        return [{"content": content}]
 
     def closing(self, index: int, reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
         """The deltas a choice's end releases, and its finish_reason."""
