@@ -39,6 +39,13 @@ def test_hermes_text_then_calls_and_invalid_blocks_stay_text() -> None:
         assert parse(bad, "hermes", NAMES).calls == [] and parse(bad, "hermes", NAMES).content == bad
 
 
+def test_without_parallel_tool_calls_an_auto_answer_keeps_its_first_call() -> None:
+    text = '{"name": "get_time", "parameters": {}}; {"name": "get_weather", "parameters": {"city": "Rome"}}'
+    assert len(ToolReply("auto", "llama3_json", NAMES, "kev_generic").parsed(text).calls) == 2
+    calls = ToolReply("auto", "llama3_json", NAMES, "kev_generic", parallel=False).parsed(text).calls
+    assert [c.name for c in calls] == ["get_time"]
+
+
 def test_llama3_json_calls_separated_by_semicolons() -> None:
     parsed = parse('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}; '
                    '{"name": "get_time", "parameters": {}}', "llama3_json", NAMES)

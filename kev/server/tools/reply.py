@@ -33,15 +33,17 @@ class ToolReply:
     names: set[str]
     prompt_kind: PromptKind
     named: str | None = None
+    parallel: bool = True  # parallel_tool_calls: false keeps an auto answer's first call only
     _choices: dict[int, _ChoiceText] = field(default_factory=dict)
 
     def parsed(self, text: str) -> Parsed:
         if self.mode == "named" and self.named is not None:
             return Parsed(None, [ParsedCall(self.named, text)])
-        if self.mode == "required":
+        if self.mode == "required":  # its grammar already holds it to one call without parallel_tool_calls
             calls = parse_required(text, self.names)
             return Parsed(None, calls) if calls else Parsed(text, [])
-        return parse(text, self.parser, self.names) if self.mode == "auto" else Parsed(text, [])
+        parsed = parse(text, self.parser, self.names) if self.mode == "auto" else Parsed(text, [])
+        return parsed if self.parallel else Parsed(parsed.content, parsed.calls[:1])
 
     def shape(self, choice: ChatChoice) -> ChatChoice:
         """A finished choice, its text turned into calls where it holds them."""

@@ -47,7 +47,8 @@ def plan_tools(body: ChatCompletionBody, tokenizer: Tokenizer, parser: Parser, s
         prompt = render(tokenizer, messages, tools if mode != "none" else [], parser)
     except jinja2.TemplateError as err:
         raise ApiError(400, f"messages: the model's chat template refused them: {err}", "messages") from None
-    return ToolPlan(prompt.text, structure, ToolReply(mode, parser, names, prompt.kind, named))
+    return ToolPlan(prompt.text, structure,
+                    ToolReply(mode, parser, names, prompt.kind, named, parallel=body.parallel_tool_calls is not False))
 
 
 def _check_combinations(body: ChatCompletionBody, mode: Mode, structure: dict[str, Any] | None) -> None:
