@@ -77,6 +77,7 @@ class RequestBuilder:
         self._check(chat.model, chat.stream, chat.num_candidates, chat.max_completion_tokens or chat.max_tokens,
                     chat.timeout_ms)
         chat.check_supported()
+        chat.check_no_tools("a batch line")
         messages = [m.to_engine() for m in chat.messages]
         self.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
         queries = [chat.seeded({"messages": messages}, j) for j in range(chat.num_candidates)]

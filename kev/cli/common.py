@@ -6,7 +6,14 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from kev.config import KevConfig, load_config
+from kev.cli.flags import FlagValue, config_with_flags, engine_flag_values
+from kev.config import KevConfig
+
+# (flag, config key, argparse dest) of the flags every engine command takes
+_CONFIG_FLAGS = (("--model", "core.model_path", "model"), ("--precision", "core.precision", "precision"),
+                 ("--threads", "core.threads", "threads"), ("--tensor-parallel", "core.tensor_parallel",
+                                                            "tensor_parallel"),
+                 ("--chat-template", "core.chat_template", "chat_template"))
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -18,14 +25,18 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", help="core.chat_template: a Jinja file, or the template itself")
 
 
-def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> KevConfig:
-    core = {key: value for key, value in (("model_path", args.model), ("precision", args.precision),
-                                           ("threads", args.threads), ("tensor_parallel", args.tensor_parallel),
-                                           ("chat_template", args.chat_template)) if value is not None}
-    overrides: dict[str, Any] = {"core": core} if core else {}
-    for section, values in (extra or {}).items():
-        overrides.setdefault(section, {}).update(values)
-    return load_config(args.config, overrides)
+def config_from_args(args: argparse.Namespace, extra: dict[str, Any] | None = None,
+                     flags: list[FlagValue] | None = None) -> KevConfig:
+    return config_and_flags(args, extra, flags)[0]
+
+
+def config_and_flags(args: argparse.Namespace, extra: dict[str, Any] | None = None,
+                     flags: list[FlagValue] | None = None) -> tuple[KevConfig, list[FlagValue]]:
+    """The config of --config with every flag given over it (flags contradicting the YAML are errors), and the
+    flags as applied (for the banner)."""
+    given = [FlagValue(flag, key, getattr(args, dest)) for flag, key, dest in _CONFIG_FLAGS
+             if getattr(args, dest) is not None]
+    return config_with_flags(args.config, given + engine_flag_values(args) + (flags or []), extra)
 
 
 class Report(Protocol):

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from kev.aggregator.result import Result
 from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.flags import add_engine_flags
 from kev.cli.progress import progress_bar
 from kev.engine.engine import Engine
 from kev.errors import InvalidRequestError
@@ -21,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("queries", nargs="*", help="questions, one argument each; - reads them from stdin, one a line")
     parser.add_argument("--file", type=Path, help="read questions from this file, one a line (blank lines skipped)")
     add_config_flags(parser)
+    add_engine_flags(parser)
     parser.add_argument("--max-tokens", type=int, help="new tokens per question")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--seed", type=int)

@@ -7,22 +7,40 @@ cancelled results), close the engine, exit 0 (kev/server/drain.py).
 from __future__ import annotations
 
 import argparse
+import errno
+import logging
 import os
 import signal
+import socket
 import sys
 
-from kev.cli.common import add_config_flags, config_from_args
+from kev.cli.common import add_config_flags, config_and_flags
+from kev.cli.flags import FlagValue, add_engine_flags, describe_flags, model_path
 from kev.cli.logs import add_log_flags
 from kev.errors import KevError
 
 API_KEY_ENV = "KEV_API_KEY"
-# flag -> server.<field>
-_SERVER_FLAGS = ("host", "port", "max_body_bytes", "max_questions", "max_question_chars", "max_tokens_cap",
-                 "shutdown_grace_s", "max_inflight_requests", "access_log", "stats_interval_s")
+# argparse dest -> the flag as typed; each sets server.<dest>
+_SERVER_FLAGS = {"host": "--host", "port": "--port", "max_body_bytes": "--max-body-bytes",
+                 "max_questions": "--max-questions", "max_question_chars": "--max-question-chars",
+                 "max_tokens_cap": "--max-tokens-cap", "shutdown_grace_s": "--grace",
+                 "max_inflight_requests": "--max-inflight-requests", "access_log": "--no-access-log",
+                 "stats_interval_s": "--stats-interval", "model_name": "--served-model-name",
+                 "tool_call_parser": "--tool-call-parser"}
+log = logging.getLogger("kev.server")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_arg", nargs="?", metavar="MODEL",
+                        help="core.model_path, as `vllm serve MODEL` (the same as --model)")
     add_config_flags(parser)
+    add_engine_flags(parser)
+    parser.add_argument("--served-model-name", dest="model_name",
+                        help="server.model_name: the id /v1/models shows and callers send (vLLM's flag)")
+    parser.add_argument("--tool-call-parser", choices=["hermes", "llama3_json"],
+                        help="server.tool_call_parser: how tool calls are read from answers (vLLM's flag)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="accepted for vLLM command lines: Kev always parses tool calls with tool_choice auto")
     parser.add_argument("--host", help="server.host (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="server.port (default 8765; 0 picks a free one)")
     parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (else ${API_KEY_ENV}, else "
@@ -50,11 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from kev.server.drain import DrainingServer, exit_if_loading
     from kev.server.slow_clients import guarded_h11
 
-    server_overrides = {name: getattr(args, name) for name in _SERVER_FLAGS if getattr(args, name) is not None}
-    overrides = {"server": server_overrides} if server_overrides else {}
-    if args.nats_url:
-        overrides["deploy"] = {"mode": "distributed", "nats_url": args.nats_url}
-    config = config_from_args(args, overrides)
+    config, flags = config_and_flags(args, {"deploy": {"mode": "distributed", "nats_url": args.nats_url}}
+                                     if args.nats_url else None, _serve_flags(args))
+    _check_port_free(config.server.host, config.server.port)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     failed: list[Exception] = []
     holder: list[uvicorn.Server] = []
@@ -72,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # uvicorn's stub says int; float works
         access_log=args.log_level == "debug")
     server = DrainingServer(uvicorn_config, app.state.service, grace)
+    log.info("kev serve: %r as %r on %s:%d%s", config.core.model_path, app.state.service.model_name,
+             config.server.host, config.server.port, f"; flags: {describe_flags(flags)}" if flags else "")
     holder.append(server)
     # uvicorn re-raises the SIGTERM/SIGINT it handled once it is done; a no-op handler lets us exit 0.
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -86,3 +104,27 @@ def run(args: argparse.Namespace) -> int:
     code = 0 if server.started else 1
     exit_if_loading(app.state.service, code)
     return code
+
+
+def _serve_flags(args: argparse.Namespace) -> list[FlagValue]:
+    flags = [FlagValue("MODEL", "core.model_path", model_path(args.model_arg))] if args.model_arg else []
+    flags += [FlagValue(flag, f"server.{dest}", getattr(args, dest)) for dest, flag in _SERVER_FLAGS.items()
+              if getattr(args, dest) is not None]
+    if args.api_key:
+        flags.append(FlagValue("--api-key", "server.api_key", args.api_key, secret=True))
+    return flags
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """A port already taken is one clear line and exit 2, before the model loads (not a traceback after)."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise KevError(f"port {port} on {host} is already in use (another server?); pick another with "
+                               "--port") from None
+            raise KevError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None

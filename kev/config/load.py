@@ -26,6 +26,14 @@ def load_config(source: ConfigSource = None, overrides: dict[str, Any] | None = 
         raise ConfigError(_describe(err)) from None
 
 
+def explicit_values(source: ConfigSource) -> dict[str, Any]:
+    """The fields the config file itself sets, as dotted keys ("core.max_context": 2048); not the defaults."""
+    if source is None or isinstance(source, KevConfig):
+        return {}
+    return {f"{section}.{key}": value for section, fields in _read(source).items() if isinstance(fields, dict)
+            for key, value in fields.items()}
+
+
 def _read(source: ConfigSource) -> dict[str, Any]:
     if source is None:
         return {}

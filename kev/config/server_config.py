@@ -5,6 +5,7 @@ It lives with the config, not the server: loading a config never imports the ser
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -63,6 +64,9 @@ class ServerConfig(BaseModel):
     stats_interval_s: float = Field(10.0, ge=0)  # a throughput / queue / KV usage line this often while busy; 0: never
     result_ttl_s: float = Field(600.0, gt=0)  # how long results of an async request stay readable after it finished
     max_retained_results: int = Field(1024, ge=1)  # finished async requests kept at most (oldest forgotten first)
+    # How tool calls are read out of an answer with tool_choice auto (vLLM's --tool-call-parser): hermes is
+    # <tool_call>{"name", "arguments"}</tool_call> (Hermes, Qwen 2.5/3); llama3_json a bare {"name", "parameters"}.
+    tool_call_parser: Literal["hermes", "llama3_json"] = "hermes"
 
     @field_validator("api_keys")
     @classmethod

@@ -100,14 +100,16 @@ class Tokenizer:
         """The tokenizer.json text (what grammar libraries build their token tables from)."""
         return self._backend.to_str()
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The prompt text the model's chat template makes of messages (like HF apply_chat_template)."""
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text the model's chat template makes of messages (like HF apply_chat_template, tools too)."""
         if not self._chat_template:
             raise ValueError("this tokenizer has no chat_template")
         if self._template is None:
             self._template = _jinja_env().from_string(self._chat_template)
         return self._template.render(
             messages=messages,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",

@@ -29,7 +29,7 @@ from kev.server.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
 from kev.server.oplog import report_stats
 from kev.server.playground import routes as playground
-from kev.server.service import KevService
+from kev.server.service import KevService, served_model_name
 from kev.server.tenants import Tenants
 
 log = logging.getLogger("kev.server")
@@ -41,7 +41,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     the server if the model cannot load (or the engine fails for good later: a tensor-parallel rank died).
 
     engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(served_model_name(config))
     tenants = Tenants.from_config(config.server, api_key)  # a key that cannot be read stops the start here
     service = KevService(config, metrics, tenants)
     batches = BatchManager(service, BatchStore(config.batch.dir))

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from kev.aggregator.result import Result
 from kev.engine.stats import EngineLoad, StepRecord
 from kev.isolation.audit import ISOLATION_ALERTS, OTHER_ALERTS
+from kev.server.vllm_metrics import VllmMetrics
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -38,7 +39,7 @@ ALERT_KINDS = ISOLATION_ALERTS + OTHER_ALERTS
 
 
 class ServerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "kev") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests = Counter("kev_http_requests", "HTTP requests answered", ["route", "method", "status"],
@@ -88,9 +89,11 @@ class ServerMetrics:
         self.inflight = Gauge("kev_inflight_requests", "HTTP requests being answered or streamed", registry=r)
         self.totals = EngineTotals()
         r.register(self.totals)
+        self.vllm = VllmMetrics(r, model_name)  # the same quantities under vLLM's names, for its dashboards
         self._last_step: StepRecord | None = None
 
     def observe_result(self, result: Result) -> None:
+        self.vllm.observe(result)
         status, channel = result.status, str(result.channel_id) if result.channel_id is not None else "none"
         reason = result.finish_reason or "none"
         self.questions.labels(status, reason).inc()
@@ -130,6 +133,7 @@ class ServerMetrics:
         self.running.set(load.num_running)
         self.waiting.set(load.num_waiting)
         self.kv_usage.set(load.kv_usage)
+        self.vllm.set_load(load)
         self.kv_free.set(load.kv_blocks_total - load.kv_blocks_used)
         self.kv_total.set(load.kv_blocks_total)
         counts = {"idle": 0, "prefill": 0, "decode": 0}

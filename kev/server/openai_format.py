@@ -8,6 +8,7 @@ from typing import Any, Literal
 from kev.aggregator.result import Result
 from kev.engine.request import StreamEvent
 from kev.server.openai_models import ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, Usage
+from kev.server.tools.reply import ToolReply
 
 Kind = Literal["chat", "text"]
 
@@ -23,6 +24,7 @@ class Reply:
     n: int  # choices per prompt; question index = prompt_index * n + choice
     logprobs: bool = False  # answer with logprobs objects
     echo: tuple[str, ...] | None = None  # completions with echo: each prompt's text, put before its answer
+    tools: ToolReply | None = None  # chat with tools: answers become tool calls where they hold them
 
     @property
     def object(self) -> str:
@@ -35,8 +37,11 @@ class Reply:
             chat = [ChatChoice(index=r.index, message=ChatMessageOut(content=r.text), finish_reason=finish_reason(r),
                                logprobs=self._chat_logprobs(r.logprobs or []))
                     for r in results]
+            if self.tools is not None:
+                chat = [self.tools.shape(choice) for choice in chat]
             return ChatCompletion(id=self.id, created=self.created, model=self.model, system_fingerprint=fingerprint,
-                                  choices=chat, usage=usage)
+                                  choices=chat, usage=usage,
+                                  tool_prompt=None if self.tools is None else self.tools.prompt_kind)
         text = [CompletionChoice(index=r.index, text=self._prompt_text(r) + r.text, finish_reason=finish_reason(r),
                                  logprobs=self._text_logprobs(self._scored(r))) for r in results]
         return Completion(id=self.id, created=self.created, model=self.model, system_fingerprint=fingerprint,
@@ -94,6 +99,19 @@ class Reply:
             return []
         return [self.chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
                 for i in range(num_choices)]
+
+    def event_chunks(self, event: StreamEvent) -> list[dict[str, Any]]:
+        """The chunks one stream event makes (none, one, or with tools several: held text, calls, the finish)."""
+        if self.tools is None or self.kind != "chat":
+            chunk = self.event_chunk(event)
+            return [] if chunk is None else [chunk]
+        choice = lambda delta, reason=None: self.chunk(  # noqa: E731
+            [{"index": event.index, "delta": delta, "finish_reason": reason}])
+        chunks = [choice(d) for d in self.tools.deltas(event.index, event.text)] if event.text else []
+        if event.result is not None:
+            closing, reason = self.tools.closing(event.index, finish_reason(event.result))
+            chunks += [choice(d) for d in closing] + [choice({}, reason)]
+        return chunks
 
     def event_chunk(self, event: StreamEvent) -> dict[str, Any] | None:
         if event.result is not None:

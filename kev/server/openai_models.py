@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kev.server.api_models import MAX_SEED, Stop, StructuredOutputs, Temperature, Text
 from kev.server.errors import ApiError
+from kev.server.tools.schema import ToolCallIn, ToolCallOut, ToolChoice, ToolDef
 
 MAX_LOGPROBS = 20
 TokenId = Annotated[int, Field(ge=0)]
@@ -34,12 +35,25 @@ class TextPart(_OpenAIBody):
 
 class OpenAIMessage(_OpenAIBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | Annotated[list[TextPart], Field(min_length=1)]
+    content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: Text | None = None
+    tool_calls: list[ToolCallIn] | None = Field(None, description="an assistant turn's calls (content may be null)")
+    tool_call_id: Text | None = Field(None, description="on a tool message: the call it answers")
+
+    @model_validator(mode="after")
+    def _has_content(self) -> OpenAIMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content: is required (null only on an assistant message with tool_calls)")
+        return self
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
     def to_engine(self) -> dict[str, str]:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text}
 
 
 class StreamOptions(_OpenAIBody):
@@ -160,9 +174,25 @@ class _Sampling(_OpenAIBody):
 
 class ChatCompletionBody(_Sampling):
     messages: list[OpenAIMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = Field(None, description="default: auto with tools, none without")
+    parallel_tool_calls: bool | None = Field(None, description="default true: several calls in one answer")
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = Field(None, description="each token's logprob (the model's, before temperature/top-p)")
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @property
+    def uses_tools(self) -> bool:
+        """Tools offered, or a history holding tool calls or tool results: rendered by kev/server/tools."""
+        return bool(self.tools) or self.tool_choice not in (None, "none") or any(
+            m.tool_calls or m.role == "tool" for m in self.messages)
+
+    def check_no_tools(self, where: str) -> None:
+        """For surfaces that do not take tools yet (batch lines): refused by name, never ignored."""
+        if self.uses_tools:
+            field = "tools" if self.tools else "tool_choice" if self.tool_choice not in (None, "none") else "messages"
+            raise ApiError(422, f"{field}: tool calling is not supported in {where} (/v1/chat/completions takes it)",
+                           field)
 
     def logprob_options(self) -> dict[str, Any]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -219,12 +249,13 @@ class Usage(BaseModel):
 
 
 # "timeout" and "cancelled" are Kev's own (not OpenAI's): an answer cut short is never reported as "length".
-FinishReason = Literal["stop", "length", "timeout", "cancelled"]
+FinishReason = Literal["stop", "length", "timeout", "cancelled", "tool_calls"]
 
 
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -247,6 +278,8 @@ class _Reply(BaseModel):
 class ChatCompletion(_Reply):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
+    tool_prompt: str | None = Field(None, description="with tools: how they reached the model (chat_template, or "
+                                    "kev_generic: Kev's system message, for templates without a tools slot)")
 
 
 class CompletionChoice(BaseModel):
@@ -266,6 +299,9 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "kev"
+    max_model_len: int | None = Field(None, description="core.max_context (as vLLM's card)")
+    tool_prompt: str | None = Field(None, description="how tools reach the model: chat_template, or kev_generic "
+                                    "(Kev's system message, for templates without a tools slot)")
 
 
 class ModelList(BaseModel):

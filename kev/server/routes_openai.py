@@ -20,6 +20,9 @@ from kev.server.routes_kev import get_service
 from kev.server.service import KevService
 from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
 from kev.server.tenants import caller_of
+from kev.server.tools.prompt import prompt_kind
+from kev.server.tools.reply import ToolReply
+from kev.server.tools.request import plan_tools
 
 router = APIRouter(tags=["openai"])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
@@ -30,8 +33,10 @@ _TOKEN_INDEX = re.compile(r"^queries\[\d+\]\.prompt_ids\[(\d+)\]: ")
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(401, 503),
             summary="The one model served (503 + Retry-After while it loads)")
 async def models(service: KevService = Depends(get_service)) -> ModelList:
-    service.loaded_backend()
-    return ModelList(data=[ModelCard(id=service.model_name, created=int(service.started_at))])
+    backend = service.loaded_backend()
+    return ModelList(data=[ModelCard(id=service.model_name, created=int(service.started_at),
+                                     max_model_len=service.config.core.max_context,
+                                     tool_prompt=prompt_kind(backend.tokenizer))])
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**SSE_RESPONSE, **_ERRORS},
@@ -41,13 +46,21 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
     _check_common(service, body.model, body.num_candidates, body.max_completion_tokens or body.max_tokens,
                   body.timeout_ms)
     body.check_supported()
-    messages = [m.to_engine() for m in body.messages]
-    service.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
-    queries = [body.seeded({"messages": messages}, j) for j in range(body.num_candidates)]
-    reply = Reply("chat", "", int(time.time()), service.model_name, body.num_candidates, logprobs=bool(body.logprobs))
+    service.limits.check_chars(sum(len(m.text) for m in body.messages), "messages")
     options = {**body.engine_options(body.max_completion_tokens or body.max_tokens), **body.logprob_options()}
+    query: dict[str, Any] = {"messages": [m.to_engine() for m in body.messages]}
+    tools = None
+    if body.uses_tools:  # rendered here, with the tools; the engine takes the prompt as it is
+        plan = plan_tools(body, service.tokenizer(), service.config.server.tool_call_parser,
+                          service.config.isolation.system_prompt)
+        query, tools = {"prompt": plan.prompt}, plan.reply
+        if plan.structure is not None:
+            options["structured_outputs"] = plan.structure
+    queries = [body.seeded(query, j) for j in range(body.num_candidates)]
+    reply = Reply("chat", "", int(time.time()), service.model_name, body.num_candidates, logprobs=bool(body.logprobs),
+                  tools=tools)
     return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
-                         body.include_usage, "chat", body.structure()[0], keep=body.n)
+                         body.include_usage, "chat", body.structure()[0] or _tool_field(tools), keep=body.n)
 
 
 @router.post("/v1/completions", response_model=Completion, responses={**SSE_RESPONSE, **_ERRORS},
@@ -67,6 +80,11 @@ async def completions(body: CompletionBody, request: Request, service: KevServic
                   echo)
     return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
                          body.include_usage, "completion", body.structure()[0], body.is_single, keep=body.n)
+
+
+def _tool_field(tools: ToolReply | None) -> str | None:
+    """A forced call's grammar is the tools' schemas: a schema that does not compile is the tools' fault."""
+    return "tools" if tools is not None and tools.mode in ("named", "required") else None
 
 
 def _ranked(options: dict[str, Any], candidates: int, keep: int) -> dict[str, Any]:
@@ -144,8 +162,7 @@ async def _chunks(service: KevService, tracked: Tracked, reply: Reply, num_choic
                 if event.result.status == "error":
                     yield sse(error_body(500, f"the engine failed: {event.result.error}", None))
                     continue
-            delta = reply.event_chunk(event)
-            if delta is not None:
+            for delta in reply.event_chunks(event):
                 yield sse(delta)
         if include_usage:
             yield sse(reply.chunk([], reply.usage(results)))

@@ -35,7 +35,7 @@ class KevService:
         self.limits = Limits.from_config(config)
         server = config.server
         self.registry = RequestRegistry(server.max_inflight_requests, server.result_ttl_s, server.max_retained_results)
-        self.model_name = server.model_name or Path(config.core.model_path).name.removesuffix(".gguf")
+        self.model_name = served_model_name(config)
         self.retry_after = {"Retry-After": str(server.retry_after_s)}
         self.backend: EngineBridge | None = None
         self.load_error: str | None = None
@@ -191,3 +191,7 @@ async def _disconnected(http: HttpRequest) -> None:
     while (await http.receive())["type"] != "http.disconnect":
         pass
 
+
+def served_model_name(config: KevConfig) -> str:
+    """The id /v1/models shows and callers send: server.model_name, else the name of core.model_path."""
+    return config.server.model_name or Path(config.core.model_path).name.removesuffix(".gguf")

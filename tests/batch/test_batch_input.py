@@ -117,13 +117,15 @@ def test_route_options_carry_over_and_unsupported_ones_are_named() -> None:
     lines = [openai_line("a", messages=[{"role": "user", "content": "Hi"}], logprobs=True, top_logprobs=2, n=2,
                          best_of=3, temperature=0.5, seed=1),
              openai_line("b", "/v1/completions", prompt=[1, 2, 3], echo=True, max_tokens=2),
-             openai_line("c", messages=[{"role": "user", "content": "Hi"}], tools=[{"type": "function"}])]
+             openai_line("c", messages=[{"role": "user", "content": "Hi"}],
+                         tools=[{"type": "function", "function": {"name": "f"}}])]
     requests, invalid = build_all(read_lines(lines, "jsonl")[0], RequestBuilder.from_config(CONFIG))
     chat, completion = requests
     assert (chat.n, chat.keep, chat.logprobs, len(chat.queries)) == (3, 2, True, 3)
     assert chat.options["logprobs"] == 2 and [q["seed"] for q in chat.queries] == [1, 2, 3]
     assert completion.queries == [{"prompt_ids": [1, 2, 3]}] and completion.echo == ([1, 2, 3],)
-    assert [str(e) for e in invalid] == ["line 3: body.tools: not supported by Kev (refused rather than ignored)"]
+    assert [str(e) for e in invalid] == ["line 3: body.tools: tool calling is not supported in a batch line "
+                                         "(/v1/chat/completions takes it)"]
 
 
 def test_the_default_inflight_covers_every_channel_and_more() -> None:

@@ -135,7 +135,7 @@ def test_invalid_schema_is_a_400_naming_response_format(openai_client: openai.Op
 
 
 @pytest.mark.parametrize("extra, field", [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),  # the legacy form (tools: test_tool_calling)
     ({"logit_bias": {"99999999": 5}}, "logit_bias"), ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"repetition_penalty": 1.2}, "repetition_penalty"), ({"best_of": 1, "n": 2}, "best_of"),
     ({"best_of": 3, "stream": True}, "best_of"),
