@@ -13,6 +13,7 @@ import torch
 from kev.config import KevConfig
 from kev.config.precision import describe as describe_precision
 from kev.engine.channel_pool import ChannelPool
+from kev.engine.device_setup import DeviceSetup, check_gpu_linear, device_kernels
 from kev.engine.embedder import MeanEmbedder
 from kev.engine.model_runner import ModelRunner
 from kev.engine.packer import TilePlan
@@ -26,6 +27,7 @@ from kev.model.kernels import load_cpu_kernels
 from kev.model.llama import LlamaModel
 from kev.model.model_store import cache_root, resolve_model_path
 from kev.model.row_invariance import probe as probe_rows
+from kev.model.row_invariance import probe_tiles
 from kev.model.tokenizer import Tokenizer
 from kev.model.weights import load_model
 from kev.router.router import Router
@@ -69,22 +71,29 @@ def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
     return model, tokenizer
 
 
-def tile_plan(config: KevConfig, model: LlamaModel) -> TilePlan:
-    """Prepack the weights and load the decode kernel for the CPU, then let the row invariance probe decide between one
-    GEMM per step and fixed tiles (core.row_plan: tiles skips the probe)."""
+def tile_plan(config: KevConfig, model: LlamaModel) -> tuple[TilePlan, DeviceSetup]:
+    """Prepack the weights and load the decode kernel for the CPU (Kev's Triton kernels and the linear kernel on
+    CUDA), then let the row invariance probe decide between one GEMM per step and fixed tiles (core.row_plan: tiles
+    skips the probe)."""
     core = config.core
     kernels = core.kernels == "auto" and model.device.type == "cpu" and load_cpu_kernels(cache_root())
     model.use_cpu_kernels(kernels)  # off also where an earlier engine in this process turned them on
+    ops = device_kernels(config, model)
+    graphable = model.use_device_kernels(ops)
     model.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
-    fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
+    setup = DeviceSetup(ops, graphable, check_gpu_linear(config, model, ops))
+    fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant, paged=ops is not None)
+    if ops is not None and core.batch_invariant:
+        setup.tile_probe = "ok" if probe_tiles(model.row_multiplies(1, 1), [fixed.small, fixed.big], model.dtype,
+                                                    model.device) else "FAILED"
     if core.row_plan == "tiles" or not core.batch_invariant:
-        return fixed
+        return fixed, setup
     max_samples = max(config.router.max_parallel_queries, 2)
     verdict = probe_rows(model.row_multiplies(core.max_step_tokens, max_samples), model.dtype, model.device,
                          cache_root() / "probes", model.kernel_identity())
     if not verdict.free_rows:
-        return fixed
-    return replace(fixed, free_rows=True, min_rows=verdict.min_rows, max_sample_rows=max_samples)
+        return fixed, setup
+    return replace(fixed, free_rows=True, min_rows=verdict.min_rows, max_sample_rows=max_samples), setup
 
 
 def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: Tokenizer | None = None,
@@ -105,7 +114,10 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
 
         runner: ModelRunner = start_tensor_parallel(config, model, num_blocks, tp_devices)
     else:
-        runner = ModelRunner(model, num_blocks, core.block_size, tile_plan(config, model))
+        plan, setup = tile_plan(config, model)
+        runner = ModelRunner(model, num_blocks, core.block_size, plan, setup.label)
+        if setup.graphable and core.cuda_graphs and model.device.type == "cuda":
+            runner.capture_decode_graphs(router.max_parallel_queries, core.max_context)
     log.info("linear rows: %s; row ops and decode attention: %s; %s, %d threads (OMP_WAIT_POLICY=%s, "
              "GOMP_SPINCOUNT=%s)", runner.plan.label, "kev kernels" if model.cpu_kernels else "torch ops",
              runner.dtype, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "unset"),

@@ -15,7 +15,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _paged_attention_kernel(q_ptr, q_row_stride, kv_ptr, out_ptr, tables_ptr, table_width, lengths_ptr, num_slots,
+def _paged_attention_kernel(q_ptr, q_row_stride, kv_ptr, out_ptr, tables_ptr, table_stride, lengths_ptr, num_slots,
                             scale, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                             GROUP: tl.constexpr, GROUP_BLOCK: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -31,7 +31,7 @@ def _paged_attention_kernel(q_ptr, q_row_stride, kv_ptr, out_ptr, tables_ptr, ta
     acc = tl.zeros((GROUP_BLOCK, HEAD_DIM), tl.float32)
     offsets = tl.arange(0, BLOCK_SIZE)
     for index in range(0, tl.cdiv(length, BLOCK_SIZE)):
-        block = tl.load(tables_ptr + row * table_width + index).to(tl.int64)
+        block = tl.load(tables_ptr + row * table_stride + index).to(tl.int64)
         seen = index * BLOCK_SIZE + offsets < length  # [BLOCK_SIZE]
         slots = block * BLOCK_SIZE + offsets
         at = (slots[:, None] * KV_HEADS + kv_head) * HEAD_DIM + dims  # [BLOCK_SIZE, HEAD_DIM]
@@ -56,12 +56,13 @@ def paged_attention(q: torch.Tensor, kv: torch.Tensor, tables: torch.Tensor, len
     sees. Returns [rows, heads, head_dim]."""
     rows, heads, head_dim = q.shape
     kv_heads = kv.shape[2]
-    assert q.stride(2) == 1 and q.stride(1) == head_dim and kv.is_contiguous() and tables.is_contiguous()
+    assert q.stride(2) == 1 and q.stride(1) == head_dim and kv.is_contiguous()
+    assert tables.stride(1) == 1 and lengths.is_contiguous()
     out = torch.empty(rows, heads, head_dim, dtype=q.dtype, device=q.device)
     if rows:
         group = heads // kv_heads
         _paged_attention_kernel[(rows, kv_heads)](
-            q, q.stride(0), kv, out, tables, tables.shape[1], lengths, kv.shape[1], scale, HEADS=heads,
+            q, q.stride(0), kv, out, tables, tables.stride(0), lengths, kv.shape[1], scale, HEADS=heads,
             KV_HEADS=kv_heads, HEAD_DIM=head_dim, GROUP=group, GROUP_BLOCK=triton.next_power_of_2(group),
             BLOCK_SIZE=block_size)
     return out
