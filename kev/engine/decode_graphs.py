@@ -49,6 +49,7 @@ class DecodeGraphs:
         self.block_size, self.width = block_size, -(-max_context // block_size)
         self.buckets = [self._bucket(rows) for rows in bucket_sizes(plan.small, max_rows)]
         self.capture_seconds = 0.0
+        self.steps_run = 0  # decode steps that ran over a bucket (a graph replay on CUDA)
 
     def _bucket(self, rows: int) -> Bucket:
         device, pinned = self.model.device, self.model.device.type == "cuda"
@@ -103,6 +104,7 @@ class DecodeGraphs:
     def run(self, bucket: Bucket, meta: StepMetadata) -> torch.Tensor:
         """fp32 logits [num_samples, vocab] of a decode-only step (bucket_for(meta))."""
         assert meta.paged is not None
+        self.steps_run += 1
         bucket.host.copy_(meta.paged.flat(bucket.rows, self.width))
         bucket.buffer.copy_(bucket.host, non_blocking=True)  # the step's one host-to-device copy
         if bucket.graph is not None:

@@ -29,10 +29,12 @@ class ModelRunner:
                                                 model.first_blocks()[0].qkv_proj.weight.dtype, device_label)
         self.graphs: DecodeGraphs | None = None
 
-    def capture_decode_graphs(self, max_rows: int, max_context: int) -> None:
-        """Decode-only steps from now on replay a CUDA graph (engine/decode_graphs.py)."""
+    def use_decode_graphs(self, max_rows: int, max_context: int) -> None:
+        """Decode-only steps from now on run over fixed row buckets (engine/decode_graphs.py): each one CUDA-graph
+        replay on CUDA; elsewhere (the tests) the same buckets run eagerly."""
         self.graphs = DecodeGraphs(self.model, self.caches, self.plan, max_rows, max_context, self.block_size)
-        self.graphs.capture()
+        if self.device.type == "cuda":
+            self.graphs.capture()
 
     @torch.inference_mode()
     def run(self, meta: StepMetadata) -> torch.Tensor:
