@@ -118,7 +118,7 @@ def test_triton_engine_packed_equals_solo_and_graph_buckets_change_no_bit(tiny_e
             assert together.token_ids == alone.token_ids
             assert torch.equal(together.logits, alone.logits), f"{name}: packed logits differ from solo"
     graphs = tiny_engines["graphs"].runner.graphs
-    assert graphs is not None and graphs.steps_run >= 4  # the decode steps ran over the buckets
+    assert graphs is not None and graphs.steps_run >= 2  # the decode-only steps ran over the buckets
     reference = tiny_engines["torch"].generate(questions(), timeout=600)
     for ours, theirs in zip(solo, reference):  # the kernels against torch's ops: same tokens, logits within fp32 noise
         assert ours.token_ids == theirs.token_ids
