@@ -18,6 +18,8 @@ from kev.model.cuda.ops import DeviceOps, reference_ops
 from kev.model.weights import random_model
 from tests.model.cuda.conftest import TINY, needs_triton
 
+CPU = torch.device("cpu")
+
 # Ops that read a tensor's values on the host (.item(), .tolist() of a CUDA tensor) or give an output whose size
 # depends on values: neither can be inside a CUDA graph.
 HOST_READS = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique2",
@@ -69,7 +71,7 @@ def test_graphed_decode_step_compiles_as_one_graph():
 
 
 def test_graphed_decode_step_on_triton_reads_no_host_value():
-    needs_triton()
+    needs_triton(CPU)
     from kev.model.cuda.ops import triton_ops
 
     graphs, bucket = decode_graphs(triton_ops())
@@ -82,7 +84,7 @@ def test_graphed_decode_step_on_triton_reads_no_host_value():
 @pytest.fixture(scope="module")
 def tiny_engines(default_model):
     """Engines on one tiny random model: Kev's Triton kernels eagerly, the same with decode buckets, torch ops."""
-    needs_triton()
+    needs_triton(CPU)
     _, tokenizer = default_model  # the default model's tokenizer: the tiny model's ids are its first 512 tokens
     engines = {}
     for name, kernels in [("triton", "triton"), ("graphs", "triton"), ("torch", "torch")]:

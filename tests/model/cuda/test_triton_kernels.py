@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from kev.model.cuda import reference
-from tests.model.cuda.conftest import needs_triton
+from tests.model.cuda.conftest import KERNEL_DEVICE, needs_triton
 
-needs_triton()
+needs_triton(KERNEL_DEVICE)
 
 from kev.model.cuda import attention_kernel, gemm_kernel, rotary_kernel, row_kernels  # noqa: E402
 
@@ -17,14 +17,18 @@ gen = torch.Generator().manual_seed(0)
 
 
 def randn(*shape: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=gen)
+    return torch.randn(*shape, generator=gen).to(KERNEL_DEVICE)
+
+
+def tensor(values: list) -> torch.Tensor:
+    return torch.tensor(values, device=KERNEL_DEVICE)
 
 
 def each_row_alone_equals(batched: torch.Tensor, run_rows) -> None:
     """run_rows(index tensor) -> the kernel over just those rows; every row alone, and the rows reversed."""
     for row in range(batched.shape[0]):
-        assert torch.equal(run_rows(torch.tensor([row])), batched[row: row + 1]), f"row {row} alone differs"
-    order = torch.arange(batched.shape[0]).flip(0)
+        assert torch.equal(run_rows(tensor([row])), batched[row: row + 1]), f"row {row} alone differs"
+    order = torch.arange(batched.shape[0], device=KERNEL_DEVICE).flip(0)
     assert torch.equal(run_rows(order), batched[order]), "rows in another order differ"
 
 
@@ -61,14 +65,14 @@ def test_rope_store_kv_matches_reference():
     qkv = randn(6, (heads + 2 * kv_heads) * dim)
     cache = randn(2, slots, kv_heads, dim)
     cos, sin = randn(100, dim), randn(100, dim)
-    positions = torch.tensor([0, 5, 7, 3, 0, 0])
-    row_slots = torch.tensor([3, 10, 20, 33, -1, 63])  # row 4: tile padding, writes nothing
+    positions = tensor([0, 5, 7, 3, 0, 0])
+    row_slots = tensor([3, 10, 20, 33, -1, 63])  # row 4: tile padding, writes nothing
     ours, ours_cache, ref, ref_cache = qkv.clone(), cache.clone(), qkv.clone(), cache.clone()
     rotary_kernel.rope_store_kv(ours, ours_cache, cos, sin, positions, row_slots, heads, kv_heads, dim)
     reference.rope_store_kv(ref, ref_cache, cos, sin, positions, row_slots, heads, kv_heads, dim)
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ours_cache, ref_cache, rtol=1e-6, atol=1e-6)
-    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched = torch.ones(slots, dtype=torch.bool, device=KERNEL_DEVICE)
     untouched[[3, 10, 20, 33, 63]] = False
     assert torch.equal(ours_cache[:, untouched], cache[:, untouched])
 
@@ -77,7 +81,7 @@ def paged_case(heads: int, kv_heads: int):
     """Three channels over a pool of 12 blocks of 16 keys, their tables full of holes (blocks in no order, blocks
     nobody owns in between); every slot no channel owns is NaN, so a read past a row's own keys would show."""
     dim, block = 16, 16
-    cache = torch.full((2, 12 * block, kv_heads, dim), float("nan"))
+    cache = torch.full((2, 12 * block, kv_heads, dim), float("nan"), device=KERNEL_DEVICE)
     tables = {0: [7, 2, 9, 4], 1: [3], 2: [11, 0]}
     lengths = {0: 50, 1: 9, 2: 17}
     for channel, table in tables.items():
@@ -89,8 +93,8 @@ def paged_case(heads: int, kv_heads: int):
     row_channels = [0] + [1] * 9 + [2, 0]
     row_lengths = [50] + list(range(1, 10)) + [17, 0]
     width = 4
-    table_rows = torch.tensor([(tables[c] + [0] * width)[:width] for c in row_channels], dtype=torch.int32)
-    return randn(len(row_channels), heads, dim), cache, table_rows, torch.tensor(row_lengths, dtype=torch.int32)
+    table_rows = tensor([(tables[c] + [0] * width)[:width] for c in row_channels]).int()
+    return randn(len(row_channels), heads, dim), cache, table_rows, tensor(row_lengths).int()
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 2)], ids=["gqa2", "gqa3-masked"])
