@@ -23,7 +23,7 @@ log = logging.getLogger("kev.engine")
 @dataclass
 class DeviceSetup:
     ops: DeviceOps | None  # Kev's Triton kernels, or None (torch ops, or the CPU's C++ kernels)
-    graphable: bool  # every layer reads its rows from PagedRows only: decode steps can be CUDA graphs
+    graphable: bool  # attention on the Triton kernels: every layer reads PagedRows only, decode can be CUDA graphs
     linear: str  # the linear kernel on the device: cublas (fixed row tiles), triton-persistent-gemm, torch
     tile_probe: str = "not-run"  # fixed row tiles checked at start-up: a row's bits whatever its tile neighbours
 
@@ -32,7 +32,8 @@ class DeviceSetup:
         """What decides the bits here, for the numerics fingerprint ("" where Kev's Triton kernels are off)."""
         if self.ops is None:
             return ""
-        return f"kernels=kev-{self.ops.name},attn=paged-fixed-tiles,linear={self.linear},tile-probe={self.tile_probe}"
+        attention = "paged-fixed-tiles" if self.graphable else "sdpa-per-channel,sdpa=efficient|math"
+        return f"kernels=kev-{self.ops.name},attn={attention},linear={self.linear},tile-probe={self.tile_probe}"
 
 
 def device_kernels(config: KevConfig, model: LlamaModel) -> DeviceOps | None:

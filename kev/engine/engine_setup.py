@@ -82,7 +82,7 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> tuple[TilePlan, DeviceSet
     graphable = model.use_device_kernels(ops)
     model.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
     setup = DeviceSetup(ops, graphable, check_gpu_linear(config, model, ops))
-    fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant, paged=ops is not None)
+    fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant, paged=graphable)
     if ops is not None and core.batch_invariant:
         setup.tile_probe = "ok" if probe_tiles(model.row_multiplies(1, 1), [fixed.small, fixed.big], model.dtype,
                                                     model.device) else "FAILED"

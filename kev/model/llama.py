@@ -194,19 +194,20 @@ class LlamaModel(nn.Module):
         return attention, mlp
 
     def use_device_kernels(self, ops: DeviceOps | None) -> bool:
-        """Kev's Triton kernels (model/cuda) for RMSNorm, the gated activations, and rotary + paged attention in
-        plain causal layers (no family variant, full rotary, power-of-two head size). True where every layer's
-        attention runs them: then a step reads no per-channel span, and decode can be one CUDA graph."""
+        """Kev's Triton kernels (model/cuda) for RMSNorm and the gated activations, and rotary + paged attention where
+        every layer is plain causal attention (no family variant, full rotary, power-of-two head size). True when
+        attention runs them: then a step reads its rows from PagedRows only, and decode can be one CUDA graph."""
         rope_ok = self.rope.rotary_dim is None and self.config.head_dim & (self.config.head_dim - 1) == 0
-        every_attention = True
+        attentions = [m for m in self.modules() if isinstance(m, Attention)]
+        # all or none: a step whose rows some layer reads through spans keeps every layer on the torch attention
+        every_attention = ops is not None and rope_ok and all(
+            type(m) is Attention and m.variant is None for m in attentions)
         for module in self.modules():
             if isinstance(module, (RMSNorm, MLP)):
                 module.device_ops = ops
-            elif isinstance(module, Attention):
-                plain = type(module) is Attention and module.variant is None and rope_ok
-                module.device_ops = ops if plain else None
-                every_attention = every_attention and plain
-        return ops is not None and every_attention
+        for attention in attentions:
+            attention.device_ops = ops if every_attention else None
+        return every_attention
 
     @property
     def device_kernels(self) -> DeviceOps | None:

@@ -126,3 +126,35 @@ def test_triton_engine_packed_equals_solo_and_graph_buckets_change_no_bit(tiny_e
         assert ours.token_ids == theirs.token_ids
         torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-4, atol=1e-4)
     assert triton_engine.runner.fingerprint != tiny_engines["torch"].runner.fingerprint
+
+
+def test_gemma_takes_the_triton_norms_and_geglu_and_keeps_torch_attention(tmp_path, default_model):
+    """Gemma 2 (windows, soft-caps): its attention stays on torch (no PagedRows, no graphs), its norms and GeGLU run
+    the Triton kernels; packed == solo bit for bit, and within fp32 noise of the torch path."""
+    needs_triton(CPU)
+    transformers = pytest.importorskip("transformers")
+    from kev.model.weights import load_model
+    from tests.model.test_families import CONFIGS, _randomise
+
+    torch.manual_seed(0)
+    reference = transformers.AutoModelForCausalLM.from_config(CONFIGS["gemma2"](), dtype=torch.float32).eval()
+    _randomise(reference)
+    reference.save_pretrained(tmp_path)
+    _, tokenizer = default_model
+    results = {}
+    for kernels in ("triton", "torch"):
+        config = kev.load_config({"core": {"max_context": 256, "precision": "fp32", "kernels": kernels},
+                                  "router": {"strategy": "round_robin", "max_parallel_queries": 4,
+                                             "channel_pool_size": 4, "default_timeout_ms": 600_000}})
+        model = load_model(tmp_path, "fp32", CPU, 256)
+        with kev.Engine(config, build_parts(config, model, tokenizer), record_logits=True) as engine:
+            if kernels == "triton":
+                assert model.device_kernels is None and not engine.runner.plan.paged  # attention: torch
+                assert model.layers[0].mlp.device_ops is not None  # GeGLU: Triton
+                solo = [engine.generate([q], timeout=600)[0] for q in questions()]
+                packed = engine.generate(questions()[::-1], timeout=600)[::-1]
+                assert all(torch.equal(a.logits, b.logits) for a, b in zip(solo, packed))
+            results[kernels] = engine.generate(questions(), timeout=600)
+    for ours, theirs in zip(results["triton"], results["torch"]):
+        assert ours.token_ids == theirs.token_ids
+        torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-4, atol=1e-4)
