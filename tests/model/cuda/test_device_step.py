@@ -87,13 +87,14 @@ def tiny_engines(default_model):
     needs_triton(CPU)
     _, tokenizer = default_model  # the default model's tokenizer: the tiny model's ids are its first 512 tokens
     engines = {}
-    for name, kernels in [("triton", "triton"), ("graphs", "triton"), ("torch", "torch")]:
+    for name, kernels in [("triton", "triton"), ("graphs", "triton"), ("triton-gemm", "triton"), ("torch", "torch")]:
         # a model each (the same seed, the same weights): an engine sets its model's kernels
         model = random_model(TINY, "fp32", torch.device("cpu"), max_positions=256)
+        gemm = {"gpu_linear": "triton", "row_plan": "tiles"} if name == "triton-gemm" else {}  # tiles: no slow probe
         config = kev.load_config({"router": {"max_parallel_queries": 6, "channel_pool_size": 6,
                                              "strategy": "round_robin", "default_timeout_ms": 600_000},
                                   "core": {"precision": "fp32", "max_context": 256, "kernels": kernels,
-                                           "prefill_chunk": 16, "max_step_tokens": 64, "linear_tile": 4}})
+                                           "prefill_chunk": 16, "max_step_tokens": 64, "linear_tile": 4, **gemm}})
         engine = kev.Engine(config, build_parts(config, model, tokenizer), record_logits=True)
         if name == "graphs":  # on CUDA build_parts captures them; here the same buckets run eagerly
             engine.runner.use_decode_graphs(6, 256)
@@ -126,6 +127,19 @@ def test_triton_engine_packed_equals_solo_and_graph_buckets_change_no_bit(tiny_e
         assert ours.token_ids == theirs.token_ids
         torch.testing.assert_close(ours.logits, theirs.logits, rtol=1e-4, atol=1e-4)
     assert triton_engine.runner.fingerprint != tiny_engines["torch"].runner.fingerprint
+
+
+def test_persistent_gemm_engine_packed_equals_solo(tiny_engines):
+    """core.gpu_linear triton: every linear layer on the persistent Triton GEMM (interpreted)."""
+    engine = tiny_engines["triton-gemm"]
+    assert engine.runner.model.first_blocks()[0].qkv_proj.packed.kernel == "triton-persistent-gemm"
+    assert engine.runner.fingerprint != tiny_engines["triton"].runner.fingerprint
+    solo = [engine.generate([q], timeout=600)[0] for q in questions()]
+    packed = engine.generate(questions()[::-1], timeout=600)[::-1]
+    reference = tiny_engines["torch"].generate(questions(), timeout=600)
+    for alone, together, theirs in zip(solo, packed, reference):
+        assert together.token_ids == alone.token_ids and torch.equal(together.logits, alone.logits)
+        torch.testing.assert_close(alone.logits, theirs.logits, rtol=1e-4, atol=1e-4)
 
 
 def test_gemma_takes_the_triton_norms_and_geglu_and_keeps_torch_attention(tmp_path, default_model):
