@@ -25,7 +25,7 @@ def _paged_attention_kernel(q_ptr, q_row_stride, kv_ptr, out_ptr, tables_ptr, ta
     heads = kv_head * GROUP + group
     live = group < GROUP
     q = tl.load(q_ptr + row * q_row_stride + heads * HEAD_DIM + dims, mask=live, other=0.0).to(tl.float32)
-    length = tl.load(lengths_ptr + row)
+    length = tl.load(lengths_ptr + row).to(tl.int32)  # int32 or int64 in memory; the loop bound as int32
     best = tl.full((GROUP_BLOCK,), float("-inf"), tl.float32)
     total = tl.zeros((GROUP_BLOCK,), tl.float32)
     acc = tl.zeros((GROUP_BLOCK, HEAD_DIM), tl.float32)
