@@ -162,8 +162,16 @@ class CoreConfig(_Section):
     # count (model/row_invariance.py) and then run one GEMM per step; tiles: always fixed tiles.
     row_plan: Literal["auto", "tiles"] = "auto"
     # auto: on the CPU, decode attention, rotary, RMSNorm and SiLU·mul run Kev's C++ kernels (built
-    # once into ~/.cache/kev/kernels) when they build; torch: torch ops only (SDPA per channel).
-    kernels: Literal["auto", "torch"] = "auto"
+    # once into ~/.cache/kev/kernels) when they build; on CUDA, Kev's Triton kernels (kev/model/cuda) when
+    # triton imports; torch: torch ops only (SDPA per channel). triton: the Triton kernels or a load error
+    # (on a CPU only under TRITON_INTERPRET=1: the tests' way to run them).
+    kernels: Literal["auto", "torch", "triton"] = "auto"
+    # CUDA with Kev's Triton kernels: every decode-only step is one CUDA-graph replay, captured at start-up
+    # for each row bucket (multiples of linear_tile up to router.max_parallel_queries); false: eager steps.
+    cuda_graphs: bool = True
+    # CUDA linear layers: cublas in fixed row tiles (linear_tile / prefill_tile), or Kev's persistent Triton
+    # GEMM (one tile config, no split-K: row-invariant at any row count, so one GEMM per step).
+    gpu_linear: Literal["cublas", "triton"] = "cublas"
     # false: one GEMM over the whole step (faster, but a row's bits then depend on its
     # neighbours); kept to measure what invariance costs.
     batch_invariant: bool = True

@@ -75,14 +75,20 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     if unified:
         for channel in range(router.channel_pool_size):
             blocks.reserve(channel, core.max_context)
+    device_label = ""  # Kev's Triton kernels where they run (DeviceSetup.label)
     if core.tensor_parallel > 1:
         from kev.engine.tp_runner import start_tensor_parallel
 
         runner: ModelRunner = start_tensor_parallel(config, model, num_blocks, tp_devices)
     else:
-        runner = ModelRunner(model, num_blocks, core.block_size, tile_plan(config, model))
+        plan, setup = tile_plan(config, model)
+        device_label = setup.label
+        runner = ModelRunner(model, num_blocks, core.block_size, plan, device_label)
+        if setup.graphable and core.cuda_graphs and model.device.type == "cuda":
+            runner.use_decode_graphs(router.max_parallel_queries, core.max_context)
+    kernels = "kev kernels" if model.cpu_kernels else (device_label or "torch ops")
     log.info("linear rows: %s; row ops and decode attention: %s; %s, %d threads (OMP_WAIT_POLICY=%s, "
-             "GOMP_SPINCOUNT=%s)", runner.plan.label, "kev kernels" if model.cpu_kernels else "torch ops",
+             "GOMP_SPINCOUNT=%s)", runner.plan.label, kernels,
              runner.dtype, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "unset"),
              os.environ.get("GOMP_SPINCOUNT", "unset"))
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,

@@ -6,6 +6,7 @@ import platform
 
 import torch
 
+from kev.engine.decode_graphs import DecodeGraphs
 from kev.engine.packer import TilePlan
 from kev.model.attention import PagedKVLayer
 from kev.model.llama import LlamaModel
@@ -13,8 +14,10 @@ from kev.model.step_metadata import StepMetadata
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: TilePlan) -> None:
-        self.model, self.plan = model, plan
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: TilePlan,
+                 device_label: str = "") -> None:
+        """device_label: Kev's Triton kernels and linear kernel where they run (DeviceSetup.label), else ""."""
+        self.model, self.plan, self.block_size = model, plan, block_size
         cfg = model.config
         self.device, self.dtype = model.device, model.dtype
         kv_heads = model.first_blocks()[0].num_kv_heads  # this rank's share under tensor parallelism
@@ -23,11 +26,24 @@ class ModelRunner:
             for _ in range(cfg.num_layers)
         ]
         self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan, model.cpu_kernels,
-                                                model.first_blocks()[0].qkv_proj.weight.dtype)
+                                                model.first_blocks()[0].qkv_proj.weight.dtype, device_label)
+        self.graphs: DecodeGraphs | None = None
+
+    def use_decode_graphs(self, max_rows: int, max_context: int) -> None:
+        """Decode-only steps from now on run over fixed row buckets (engine/decode_graphs.py): each one CUDA-graph
+        replay on CUDA; elsewhere (the tests) the same buckets run eagerly."""
+        self.graphs = DecodeGraphs(self.model, self.caches, self.plan, max_rows, max_context, self.block_size)
+        if self.device.type == "cuda":
+            self.graphs.capture()
 
     @torch.inference_mode()
     def run(self, meta: StepMetadata) -> torch.Tensor:
         """fp32 logits [num_samples, vocab] for meta.sample_rows."""
+        bucket = self.graphs.bucket_for(meta) if self.graphs is not None else None
+        if bucket is not None and self.graphs is not None:
+            return self.graphs.run(bucket, meta)
+        if meta.paged is not None:  # built on the host: the rows reach the device in one copy
+            meta = meta.paged.on_device(meta)
         return self.model(meta, self.caches)
 
     @torch.inference_mode()
@@ -54,12 +70,14 @@ class ModelRunner:
 
 
 def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan, cpu_kernels: bool,
-                         weight_dtype: torch.dtype) -> str:
+                         weight_dtype: torch.dtype, device_label: str = "") -> str:
     """A short hash of everything that decides the bits of an answer (weight_dtype: int8 under core.precision int8,
-    else the compute dtype)."""
+    else the compute dtype; device_label: Kev's Triton kernels, the device's linear kernel and its tile probe)."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     attention = "kernels=kev-cpu" if cpu_kernels else "kernels=torch,attn=sdpa-per-channel"
-    if device.type == "cuda":
+    if device_label:
+        attention = device_label
+    elif device.type == "cuda":
         attention += ",sdpa=efficient|math"  # model/attention.py: flash and cuDNN are not deterministic there
     parts = [str(dtype), device.type, device_kind, plan.label, attention, torch.__version__,
              f"threads={torch.get_num_threads()}"] + ([f"weights={weight_dtype}"] if weight_dtype != dtype else [])

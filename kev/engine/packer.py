@@ -16,7 +16,7 @@ import torch
 from kev.engine.logprobs import logit_rows
 from kev.engine.plan import Work
 from kev.isolation.block_manager import BlockManager
-from kev.model.step_metadata import ChannelSpan, StepMetadata
+from kev.model.step_metadata import ChannelSpan, PagedRows, StepMetadata
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class TilePlan:
     free_rows: bool = False  # the probe proved one GEMM per step invariant: no tiles at all
     min_rows: int = 1  # free rows: pad a GEMM to at least this many rows
     max_sample_rows: int = 0  # free rows: the most lm_head rows the probe verified in one GEMM (0: no limit)
+    paged: bool = False  # device kernels (CUDA's Triton path) read the step's rows as PagedRows
 
     @property
     def is_one_gemm(self) -> bool:
@@ -90,6 +91,9 @@ class _Rows:
 
 
 def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.device) -> StepMetadata:
+    """With plan.paged, the step's tensors stay on the host (the audit reads them there) and the model reads its rows
+    from meta.paged, which reaches the device in one copy."""
+    model_device, device = device, torch.device("cpu") if plan.paged else device
     rows = _Rows()
     spans: list[ChannelSpan] = []
     slot_mapping: list[int] = []
@@ -104,7 +108,7 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
             assert channel is not None
             q_start = rows.add(q.all_ids[w.start:end], w.start)
             slot_mapping.extend(blocks.slots(channel, w.start, end))
-            kv_slots = torch.tensor(blocks.slots(channel, 0, end), dtype=torch.long, device=device)
+            kv_slots = _key_slots(blocks, channel, end, device)
             spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device), w.start == 0,
                                      q.prefix_len))
             sample_rows.extend(logit_rows(w, q_start))  # the sampling row; all rows of a prompt being scored
@@ -113,12 +117,26 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
     if one_gemm:
         rows.close_tiles(plan.for_step(len(rows.input_ids)))
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    paged = None
+    if plan.paged:
+        tables = {s.channel_id: blocks.block_table(s.channel_id) for s in spans}
+        paged = PagedRows.build(spans, tables, rows.input_ids, rows.positions, rows.token_rows, slot_mapping,
+                                blocks.block_size, model_device)
     return StepMetadata(
         input_ids=as_tensor(rows.input_ids), positions=as_tensor(rows.positions), tiles=rows.tiles,
         sample_tiles=plan.for_samples(len(sample_rows)),
         token_rows=as_tensor(rows.token_rows), slot_mapping=as_tensor(slot_mapping), spans=spans,
-        sample_rows=as_tensor(sample_rows),
+        sample_rows=as_tensor(sample_rows), paged=paged,
     )
+
+
+def _key_slots(blocks: BlockManager, channel: int, end: int, device: torch.device) -> torch.Tensor:
+    """blocks.slots(channel, 0, end) as a tensor, made from the block table by torch: a decode step of 64 channels
+    over 600-token contexts built ~40,000 Python ints here each step (the host work a GPU step waits for)."""
+    size = blocks.block_size
+    table = torch.tensor(blocks.block_table(channel)[: -(-end // size)], dtype=torch.long)
+    slots = (table[:, None] * size + torch.arange(size)).flatten()[:end]
+    return slots.to(device)
 
 
 def _chunk_mask(w: Work, device: torch.device) -> torch.Tensor | None:

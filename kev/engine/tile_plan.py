@@ -1,36 +1,57 @@
-"""How a model's linear layers take their rows: its weights prepacked, Kev's CPU kernels where they apply, then
-fixed row tiles or (where the start-up probe proves a row's bits never depend on its neighbours) one GEMM a step.
-One function for a whole model and for a tensor-parallel shard."""
+"""How a model's linear layers take their rows: its weights prepacked, Kev's kernels where they apply (the CPU's C++
+ones, Kev's Triton ones on CUDA), then fixed row tiles or (where the start-up probe proves a row's bits never depend on
+its neighbours) one GEMM a step. The same preparation for a whole model and for a tensor-parallel shard."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from kev.config import KevConfig
+from kev.engine.device_setup import DeviceSetup, check_gpu_linear, device_kernels
 from kev.engine.packer import TilePlan
 from kev.model.kernels import load_cpu_kernels
 from kev.model.llama import LlamaModel
 from kev.model.model_store import cache_root
 from kev.model.row_invariance import probe as probe_rows
+from kev.model.row_invariance import probe_tiles
 
 
-def tile_plan(config: KevConfig, model: LlamaModel, probe: bool = True) -> TilePlan:
-    """Prepack the weights and load the CPU kernels, then let the row invariance probe decide between one GEMM per
-    step and fixed tiles (core.row_plan: tiles skips the probe). probe=False (a tensor-parallel shard, whose sums
-    run between layers): fixed tiles, and the Python layer loop instead of the one-call decoder op."""
+def tile_plan(config: KevConfig, model: LlamaModel) -> tuple[TilePlan, DeviceSetup]:
+    """Prepack the weights and load the decode kernel for the CPU (Kev's Triton kernels and the linear kernel on
+    CUDA), then let the row invariance probe decide between one GEMM per step and fixed tiles (core.row_plan: tiles
+    skips the probe)."""
     core = config.core
-    device = next(model.parameters()).device
-    kernels = core.kernels == "auto" and device.type == "cpu" and load_cpu_kernels(cache_root())
-    model.use_cpu_kernels(kernels)  # off also where an earlier engine in this process turned them on
+    kernels = _use_cpu_kernels(config, model)
+    ops = device_kernels(config, model)
+    graphable = model.use_device_kernels(ops)
     model.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
-    fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
-    if not probe:
-        model.fused_layers = None
-        return fixed
+    setup = DeviceSetup(ops, graphable, check_gpu_linear(config, model, ops))
+    fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant, paged=graphable)
+    if ops is not None and core.batch_invariant:
+        setup.tile_probe = "ok" if probe_tiles(model.row_multiplies(1, 1), [fixed.small, fixed.big], model.dtype,
+                                                    model.device) else "FAILED"
     if core.row_plan == "tiles" or not core.batch_invariant:
-        return fixed
+        return fixed, setup
     max_samples = max(config.router.max_parallel_queries, 2)
     verdict = probe_rows(model.row_multiplies(core.max_step_tokens, max_samples), model.dtype, model.device,
                          cache_root() / "probes", model.kernel_identity())
     if not verdict.free_rows:
-        return fixed
-    return replace(fixed, free_rows=True, min_rows=verdict.min_rows, max_sample_rows=max_samples)
+        return fixed, setup
+    return replace(fixed, free_rows=True, min_rows=verdict.min_rows, max_sample_rows=max_samples), setup
+
+
+def shard_tile_plan(config: KevConfig, shard: LlamaModel) -> TilePlan:
+    """A tensor-parallel shard: prepacked and on the CPU kernels where they apply, rows in fixed tiles (a row's bits
+    then never depend on its neighbours, whatever each rank's shapes are), no probe; its sums run between layers, so
+    the Python layer loop, not the one-call decoder op."""
+    kernels = _use_cpu_kernels(config, shard)
+    shard.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
+    shard.fused_layers = None
+    core = config.core
+    return TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
+
+
+def _use_cpu_kernels(config: KevConfig, model: LlamaModel) -> bool:
+    device = next(model.parameters()).device
+    kernels = config.core.kernels == "auto" and device.type == "cpu" and load_cpu_kernels(cache_root())
+    model.use_cpu_kernels(kernels)  # off also where an earlier engine in this process turned them on
+    return kernels

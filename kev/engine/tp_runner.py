@@ -35,7 +35,7 @@ import torch.distributed as dist
 from kev.config import KevConfig
 from kev.engine.model_runner import ModelRunner
 from kev.engine.packer import TilePlan
-from kev.engine.tile_plan import tile_plan
+from kev.engine.tile_plan import shard_tile_plan
 from kev.errors import EngineFailedError
 from kev.model.device import pick_device
 from kev.model.llama import LlamaModel
@@ -209,7 +209,7 @@ def start_tensor_parallel(config: KevConfig, model: LlamaModel, num_blocks: int,
             _wait_ready(follower)
         tensor_group = TensorGroup.connect(store, 0, world, devices[0], COLLECTIVE_TIMEOUT_S)
         shard = shard_model(model, tensor_group)
-        plan = tile_plan(config, shard, probe=False)
+        plan = shard_tile_plan(config, shard)
         runner = TensorParallelRunner(shard, num_blocks, config.core.block_size, plan, followers)
     except BaseException:
         stop_followers(followers)

@@ -31,6 +31,8 @@ class GegluMLP(MLP):
     """gelu_tanh(gate) · up; Kev's fused SiLU·mul kernel does not apply, so `fused` is ignored."""
 
     def forward(self, x: torch.Tensor, tiles: list[int]) -> torch.Tensor:
+        if self.device_ops is not None:  # Kev's Triton GeGLU (LlamaModel.use_device_kernels)
+            return self.down_proj(self.device_ops.gated(self.gate_up_proj(x, tiles), True), tiles)
         gate, up = self.gate_up_proj(x, tiles).chunk(2, dim=-1)
         return self.down_proj(F.gelu(gate, approximate="tanh") * up, tiles)
 

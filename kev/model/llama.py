@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kev.model.attention import AttentionVariant, PagedKVLayer, attend, layer_variant, paged_attention
+from kev.model.cuda.ops import DeviceOps
 from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
 from kev.model.row_invariance import Multiply
@@ -26,9 +27,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
         self.eps = eps
         self.fused = False  # Kev's C++ row kernel (LlamaModel.use_cpu_kernels)
+        self.device_ops: DeviceOps | None = None  # Kev's Triton row kernel (LlamaModel.use_device_kernels)
 
     def forward(self, x: torch.Tensor, pending: torch.Tensor | None = None) -> torch.Tensor:
         """pending: a layer output not yet added to the residual stream x; added here, in place."""
+        if self.device_ops is not None and x.dim() == 2:
+            return self.device_ops.add_rms_norm(x, pending, self.weight, self.eps)
         if self.fused:
             if pending is None:
                 return torch.ops.kev.rms_norm(x, self.weight, self.eps)
@@ -49,12 +53,15 @@ class Attention(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
         self.fused = False  # Kev's C++ kernels: rotary in place, decode attention (LlamaModel.use_cpu_kernels)
+        self.device_ops: DeviceOps | None = None  # Triton: rotary + KV write, paged attention (use_device_kernels)
         self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, cfg.attention_bias)
         self.o_proj = Linear(q_size, cfg.hidden_size, False)
 
     def forward(self, x: torch.Tensor, rope: RotaryTable, meta: StepMetadata, cache: PagedKVLayer) -> torch.Tensor:
         qkv = self.qkv_proj(x, meta.tiles)  # [rows, (heads + 2 kv_heads) * dim]
-        if self.fused:  # rotary in place and the new keys/values into the cache: one C++ call
+        if self.device_ops is not None:
+            out = self._device_attention(self.device_ops, qkv, rope, meta, cache)
+        elif self.fused:  # rotary in place and the new keys/values into the cache: one C++ call
             torch.ops.kev.rope_store_kv_(qkv, cache.kv, rope.cos, rope.sin, meta.positions, meta.token_rows,
                                          meta.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim)
             q = qkv.narrow(1, 0, self.split_sizes[0]).view(-1, self.num_heads, self.head_dim)
@@ -68,6 +75,17 @@ class Attention(nn.Module):
             out = paged_attention(q, k, v, cache, meta, False, self.variant)
         return self.o_proj(out.flatten(1), meta.tiles)  # [rows, hidden]
 
+    def _device_attention(self, ops: DeviceOps, qkv: torch.Tensor, rope: RotaryTable, meta: StepMetadata,
+                          cache: PagedKVLayer) -> torch.Tensor:
+        """Rotary with the KV write, then every row over its own channel's blocks: two kernels, reading only
+        meta.paged's tensors (no spans, no host values), so the step can be captured in a CUDA graph."""
+        assert meta.paged is not None, "the Triton path needs the step's PagedRows (TilePlan.paged)"
+        rows = meta.paged.views
+        ops.rope_store_kv(qkv, cache.kv, rope.cos, rope.sin, rows.positions, rows.slots, self.num_heads,
+                          self.num_kv_heads, self.head_dim)
+        q = qkv.narrow(1, 0, self.split_sizes[0]).view(-1, self.num_heads, self.head_dim)
+        return ops.paged_attention(q, cache.kv, rows.tables, rows.lengths, rows.block_size, self.head_dim ** -0.5)
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -75,9 +93,12 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, False)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False)
         self.fused = False  # Kev's C++ SiLU·mul (LlamaModel.use_cpu_kernels)
+        self.device_ops: DeviceOps | None = None  # Kev's Triton SiLU·mul (LlamaModel.use_device_kernels)
 
     def forward(self, x: torch.Tensor, tiles: list[int]) -> torch.Tensor:
         gate_up = self.gate_up_proj(x, tiles)
+        if self.device_ops is not None:
+            return self.down_proj(self.device_ops.gated(gate_up, False), tiles)
         if self.fused:
             return self.down_proj(torch.ops.kev.silu_mul(gate_up), tiles)
         gate, up = gate_up.chunk(2, dim=-1)
@@ -181,6 +202,26 @@ class LlamaModel(nn.Module):
         attention, mlp = layer.self_attn, layer.mlp
         assert isinstance(attention, Attention) and isinstance(mlp, MLP)
         return attention, mlp
+
+    def use_device_kernels(self, ops: DeviceOps | None) -> bool:
+        """Kev's Triton kernels (model/cuda) for RMSNorm and the gated activations, and rotary + paged attention where
+        every layer is plain causal attention (no family variant, full rotary, power-of-two head size). True when
+        attention runs them: then a step reads its rows from PagedRows only, and decode can be one CUDA graph."""
+        rope_ok = self.rope.rotary_dim is None and self.config.head_dim & (self.config.head_dim - 1) == 0
+        attentions = [m for m in self.modules() if isinstance(m, Attention)]
+        # all or none: a step whose rows some layer reads through spans keeps every layer on the torch attention
+        every_attention = ops is not None and rope_ok and all(
+            type(m) is Attention and m.variant is None for m in attentions)
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, MLP)):
+                module.device_ops = ops
+        for attention in attentions:
+            attention.device_ops = ops if every_attention else None
+        return every_attention
+
+    @property
+    def device_kernels(self) -> DeviceOps | None:
+        return self.first_blocks()[0].device_ops
 
     @property
     def cpu_kernels(self) -> bool:

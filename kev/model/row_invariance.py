@@ -126,3 +126,23 @@ def _write(cache_dir: Path | None, key: str, verdict: RowInvariance) -> None:
         (cache_dir / f"{key}.json").write_text(json.dumps(asdict(verdict)))
     except OSError as error:  # a read-only home still runs; it only probes again next time
         log.warning("row invariance verdict not cached: %s", error)
+
+
+def probe_tiles(multiplies: dict[str, tuple[int, Multiply, int]], tiles: list[int], dtype: torch.dtype,
+                device: torch.device) -> bool:
+    """Fixed row tiles on a device whose GEMM picks its kernel by shape (cuBLAS): the plan assumes a row's bits in an
+    M-row tile depend on neither its place in the tile nor the other rows. Checked for every linear shape and tile
+    size: the same rows shifted within the tile, and half of them beside other rows."""
+    for in_features, multiply, _ in multiplies.values():
+        for tile in sorted(set(tiles)):
+            x = probe_data(2 * tile, in_features, seed=tile).to(device=device, dtype=dtype)
+            reference = multiply(x[:tile])
+            shift = max(1, tile // 3)
+            shifted = multiply(torch.roll(x[:tile], shift, dims=0)).roll(-shift, dims=0)
+            half = tile // 2
+            mixed = multiply(torch.cat([x[:half], x[tile: 2 * tile - half]]))[:half]
+            if not (torch.equal(shifted, reference) and torch.equal(mixed, reference[:half])):
+                log.warning("row tile probe: rows of a %d-row GEMM (K=%d) change with their neighbours", tile,
+                            in_features)
+                return False
+    return True

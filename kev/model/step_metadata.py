@@ -6,7 +6,7 @@ own span and its own key slots, so block-diagonal isolation is structural.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import torch
@@ -43,6 +43,7 @@ class StepMetadata:
     spans: list[ChannelSpan]
     sample_rows: torch.Tensor  # [num_samples] rows whose next-token logits are needed
     sample_tiles: list[int]  # row tiles of the lm_head GEMM over the sampled rows (padded)
+    paged: PagedRows | None = None  # the rows as device kernels read them (CUDA's Triton path), else None
 
     @property
     def num_tokens(self) -> int:
@@ -100,3 +101,76 @@ class KernelBatch:
         """The same rows over only their last `window` keys (a sliding-window layer): the start moves, nothing else."""
         hidden = (self.lengths - window).clamp(min=0)
         return KernelBatch(self.rows, self.kv_slots, self.starts + hidden, self.lengths - hidden)
+
+
+# Columns of PagedRows.host before each row's block table.
+ID, POSITION, SLOT, LENGTH, TABLE = range(5)
+
+
+@dataclass
+class PagedRows:
+    """Every row of a step as the device kernels read it, in one int64 table built on the host:
+    [rows, 4 + width] = input id, position, cache slot of its new key (-1: a padding row writes none), keys it sees
+    (0: padding), then its channel's block table (width: the step's longest, zero-padded). `flat` lays it out as the
+    device buffer the kernels read, so a step's metadata reaches the device in one copy."""
+
+    host: torch.Tensor  # [rows, 4 + width] int64 on the CPU
+    block_size: int
+    device: torch.device
+    static: DeviceRows | None = None  # a graphed step's fixed buffers (engine/decode_graphs.py); None: made on use
+
+    @staticmethod
+    def build(spans: list[ChannelSpan], tables: dict[int, list[int]], ids: list[int], positions: list[int],
+              token_rows: list[int], slot_mapping: list[int], block_size: int, device: torch.device) -> PagedRows:
+        width = max([-(-s.ctx_len // block_size) for s in spans] + [1])
+        host = torch.zeros(len(ids), TABLE + width, dtype=torch.long)
+        host[:, ID], host[:, POSITION], host[:, SLOT] = torch.tensor(ids), torch.tensor(positions), -1
+        host[token_rows, SLOT] = torch.tensor(slot_mapping, dtype=torch.long)
+        for span in spans:
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            host[rows, LENGTH] = torch.arange(span.ctx_len - span.q_len + 1, span.ctx_len + 1)  # causal in its chunk
+            used = tables[span.channel_id][: -(-span.ctx_len // block_size)]
+            host[rows, TABLE: TABLE + len(used)] = torch.tensor(used, dtype=torch.long)
+        return PagedRows(host, block_size, device)
+
+    def on_device(self, meta: StepMetadata) -> StepMetadata:
+        """meta (built on the host) with what the model's forward reads on the device: ids and positions from the one
+        copy of the rows, and the sampled rows."""
+        views = self.views
+        return replace(meta, input_ids=views.input_ids, positions=views.positions,
+                       sample_rows=meta.sample_rows.to(self.device, non_blocking=True))
+
+    def flat(self, rows: int, width: int) -> torch.Tensor:
+        """[rows * (4 + width)]: ids, positions, slots, lengths (rows each), then the tables row by row; rows and width
+        pad the step's own (padding rows: slot -1, length 0)."""
+        host = self.host
+        out = torch.zeros(rows, TABLE + width, dtype=torch.long)
+        out[:, SLOT] = -1
+        out[: host.shape[0], : host.shape[1]] = host
+        return torch.cat([out[:, :TABLE].T.flatten(), out[:, TABLE:].flatten()])
+
+    @property
+    def views(self) -> DeviceRows:
+        """The step's rows on the device (one copy, made on first use)."""
+        if self.static is None:
+            rows, width = self.host.shape[0], self.host.shape[1] - TABLE
+            self.static = DeviceRows.over(self.flat(rows, width).to(self.device), rows, width, self.block_size)
+        return self.static
+
+
+@dataclass
+class DeviceRows:
+    """Views of one flat device buffer (PagedRows.flat): what the kernels and the graphed step read."""
+
+    input_ids: torch.Tensor  # [rows]
+    positions: torch.Tensor  # [rows]
+    slots: torch.Tensor  # [rows], -1: write no key
+    lengths: torch.Tensor  # [rows], keys the row sees
+    tables: torch.Tensor  # [rows, width] block ids of the row's channel
+    block_size: int
+
+    @staticmethod
+    def over(buffer: torch.Tensor, rows: int, width: int, block_size: int) -> DeviceRows:
+        columns = buffer[: TABLE * rows].view(TABLE, rows)
+        tables = buffer[TABLE * rows: rows * (TABLE + width)].view(rows, width)
+        return DeviceRows(columns[ID], columns[POSITION], columns[SLOT], columns[LENGTH], tables, block_size)
