@@ -8,7 +8,7 @@ row goes to the attention kernel (no long prefill chunk, which needs SDPA)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,7 +17,7 @@ from kev.model.linear import GemmWeight, Linear
 from kev.model.step_metadata import StepMetadata
 
 if TYPE_CHECKING:
-    from kev.model.llama import DecoderLayer, LlamaModel
+    from kev.model.llama import LlamaModel
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,9 @@ class FusedLayers:
         scales: list[torch.Tensor | None] = []
         out_features: list[int] = []
         eps = 0.0
-        for layer in cast("list[DecoderLayer]", model.layers):
-            parts = layer.fusion_parts()
+        for layer in model.layers:
+            says = getattr(layer, "fusion_parts", None)  # a layer that does not say it can be fused is not
+            parts: LayerParts | None = says() if says is not None else None
             if parts is None:
                 return None
             gemms = [linear.packed for linear in parts.linears if isinstance(linear.packed, GemmWeight)]
