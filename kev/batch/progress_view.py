@@ -48,6 +48,7 @@ class ProgressView:
     def __enter__(self) -> ProgressView:
         if self._progress is not None:
             self._progress.start()
+        self.update()  # a log sees the job start (lines from an earlier run counted) before the model loads
         return self
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
