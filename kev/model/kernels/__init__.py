@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -36,14 +38,30 @@ def load_cpu_kernels(cache: Path) -> bool:
         return _loaded["cpu"]
 
 
+@contextmanager
+def _one_builder(folder: Path) -> Iterator[None]:
+    """One process at a time builds or loads the kernels of a folder, under a lock that dies with its holder.
+    torch's own `lock` file outlives a build that was killed, and every later load then waits on it forever:
+    while holding ours, such a file can only be stale, so it goes."""
+    import fcntl
+
+    with open(folder / "kev-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (folder / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _build(folder: Path) -> bool:
     from torch.utils.cpp_extension import load
 
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        load(name="kev_kernels", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-             build_directory=str(folder),
-             is_python_module=False, verbose=False)
+        with _one_builder(folder):
+            load(name="kev_kernels", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS,
+                 extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False, verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means: run on torch ops, loudly
         log.warning("Kev's C++ kernels could not be built (%s: %s); decode attention runs on torch SDPA",
                     type(error).__name__, str(error).splitlines()[0] if str(error) else "")
