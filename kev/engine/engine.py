@@ -124,7 +124,8 @@ class Engine:
         request_id = uuid.uuid4().hex[:16]
         request = Request(request_id, len(queries), options.isolation)
         questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config,
-                                            self.runner.model.config.vocab_size, self.parts.router, self.grammars)
+                                            self.runner.model.config.vocab_size, self.parts.router, self.grammars,
+                                            self.runner.chunk_invariant)
         with self._lock:
             if (failure := self.failure) is not None:
                 raise UnavailableError(failure)

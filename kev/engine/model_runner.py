@@ -7,7 +7,7 @@ import platform
 import torch
 
 from kev.engine.packer import TilePlan
-from kev.model.attention import PagedKVLayer
+from kev.model.attention import PagedKVLayer, prefill_kernel_applies
 from kev.model.llama import LlamaModel
 from kev.model.step_metadata import StepMetadata
 
@@ -48,6 +48,13 @@ class ModelRunner:
         return None
 
     @property
+    def chunk_invariant(self) -> bool:
+        """A prompt row's bits depend neither on how its prompt is chunked nor on the step's other rows: one GEMM per
+        step proved row-invariant, and attention on Kev's kernels (soft-capped layers gather per chunk instead).
+        Then a shared start computed once is the start each question would compute (engine/shared_starts.py)."""
+        return self.plan.free_rows and self.model.cpu_kernels and self.model.config.attn_logit_softcapping is None
+
+    @property
     def kv_bytes_per_token(self) -> int:
         cfg = self.model.config
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
@@ -59,6 +66,8 @@ def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePla
     else the compute dtype)."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     attention = "kernels=kev-cpu" if cpu_kernels else "kernels=torch,attn=sdpa-per-channel"
+    if cpu_kernels and prefill_kernel_applies(dtype, device, 64):
+        attention += ",prefill=flash-bf16"  # prompt rows on kernels/prefill_attention.cpp
     if device.type == "cuda":
         attention += ",sdpa=efficient|math"  # model/attention.py: flash and cuDNN are not deterministic there
     parts = [str(dtype), device.type, device_kind, plan.label, attention, torch.__version__,

@@ -57,3 +57,20 @@ def test_a_documents_logits_do_not_depend_on_its_chunks_or_its_neighbours(bf16_m
         assert result.status == "ok", result.error
         assert result.token_ids == reference.token_ids
         assert torch.equal(result.logits, reference.logits)
+
+
+@pytest.mark.slow
+def test_bf16_shared_start_answers_as_alone(bf16_model, documents):
+    engine = engine_with_chunk(bf16_model, 128)
+    try:
+        assert engine.runner.chunk_invariant
+        questions = [documents[1], documents[1].rsplit("\n\n", 1)[0] + "\n\n用一句话总结这份报告。", "Hi"]
+        alone = [engine.generate([q], max_tokens=MAX_TOKENS, timeout=600)[0] for q in questions]
+        before = engine.stats.num_prefix_tokens_computed
+        together = engine.generate(questions, max_tokens=MAX_TOKENS, timeout=600)
+        assert engine.stats.num_prefix_tokens_computed > before, "the document's start was computed once, shared"
+    finally:
+        engine.close()
+    for a, b in zip(alone, together):
+        assert b.status == "ok", b.error
+        assert b.token_ids == a.token_ids and torch.equal(b.logits, a.logits), b.original_text
