@@ -57,9 +57,10 @@ def _english_paragraph(rng: random.Random, company: str) -> str:
 def _chinese_paragraph(rng: random.Random, company: str) -> str:
     region, line, other = rng.choice(_ZH_REGIONS), rng.choice(_ZH_LINES), rng.choice(_ZH_PEOPLE)
     growth, share, staff = rng.randint(-9, 25), rng.randint(5, 60), rng.randint(12, 900)
-    return (f"在{region}地区，{line}业务的销售额同比变化{growth}%，目前占该地区订单的{share}%。负责{region}团队（共{staff}人）"
-            f"的{other}预计，随着客户续签合同，{line}的需求将会{'继续增长' if growth > 0 else '逐步恢复'}。{company}计划在年底前"
-            f"于该地区新设{rng.randint(1, 6)}个办公室。")
+    trend = "继续增长" if growth > 0 else "逐步恢复"
+    return (f"在{region}地区，{line}业务的销售额同比变化{growth}%，目前占该地区订单的{share}%。"
+            f"负责{region}团队（共{staff}人）的{other}预计，随着客户续签合同，{line}的需求将会{trend}。"
+            f"{company}计划在年底前于该地区新设{rng.randint(1, 6)}个办公室。")
 
 
 def _facts(rng: random.Random, language: str) -> tuple[str, str]:
@@ -67,8 +68,8 @@ def _facts(rng: random.Random, language: str) -> tuple[str, str]:
     if language == "en":
         company, ceo, risk = rng.choice(_COMPANIES), rng.choice(_PEOPLE), rng.choice(_RISKS)
         revenue = f"${rng.randint(20, 900)}.{rng.randint(0, 9)} million"
-        opening = (f"Quarterly report of {company}. Chief executive: {ceo}. Total revenue for the quarter was {revenue}, "
-                   f"and the board names {risk} as the main risk for the coming year.")
+        opening = (f"Quarterly report of {company}. Chief executive: {ceo}. Total revenue for the quarter was "
+                   f"{revenue}, and the board names {risk} as the main risk for the coming year.")
         return opening, company
     company, ceo, risk = rng.choice(_ZH_COMPANIES), rng.choice(_ZH_PEOPLE), rng.choice(_ZH_RISKS)
     revenue = f"{rng.randint(2, 90)}.{rng.randint(0, 9)}亿元"

@@ -68,7 +68,8 @@ class FusedLayers:
         """The last layer's pending MLP output (x updated in place), or None when the step has prompt rows for the
         prefill kernel."""
         batch = meta.kernel_batch
-        if batch is None or (meta.prefill_batch is not None and prefill_kernel_applies(x.dtype, x.device, self.head_dim)):
+        prompt_rows = meta.prefill_batch is not None and prefill_kernel_applies(x.dtype, x.device, self.head_dim)
+        if batch is None or prompt_rows:
             return None
         return torch.ops.kev.decoder_layers(
             x, self.weights, self.biases, self.scales, [cache.kv for cache in caches], self.out_features, cos, sin,

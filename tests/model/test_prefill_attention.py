@@ -39,7 +39,7 @@ def attend(kv: torch.Tensor, chunks: list[tuple[torch.Tensor, torch.Tensor, int]
     """One kernel call over several chunks: (queries of the chunk, the context's slots, first position)."""
     q = torch.cat([c[0] for c in chunks])
     spans, row, offset = [], 0, 0
-    for queries, slots, first in chunks:
+    for queries, _slots, first in chunks:
         spans.append([row, len(queries), first + len(queries), offset])
         row, offset = row + len(queries), offset + first + len(queries)
     out = torch.empty_like(q)
