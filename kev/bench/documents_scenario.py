@@ -5,7 +5,7 @@ build on the same prompt ids, in one run.
   task each, 16 new tokens, greedy: wall time, and how many answers equal the same question asked alone;
 - three tasks: the same documents x 3 tasks in one call (Kev computes each document once: engine/shared_starts.py;
   vLLM reuses cached prefix blocks; its cache is emptied between batches so no run inherits another's);
-- prompt tokens/s against document length (8 documents, 1 new token), beside the linear layers' bound (every
+- prompt tokens/s against document length (4 documents, 1 new token), beside the linear layers' bound (every
   layer's qkv, o, gate_up and down at one full step of rows, nothing else);
 - time to first token of short questions queued behind 8 long documents (Kev).
 """
@@ -24,7 +24,7 @@ from kev.engine.engine import Engine
 
 NUM_DOCUMENTS, DOCUMENT_TOKENS, MAX_TOKENS = 32, 2900, 16
 LENGTHS = [500, 1000, 2000, 3000, 4000]
-SWEEP_DOCUMENTS = 8
+SWEEP_DOCUMENTS = 4
 SHORT_QUESTIONS = ["What is 17 times 23?", "北京是哪个国家的首都？", "Name a primary colour.", "一年有几个季节？"]
 Progress = Callable[[str, float, float], None]
 
