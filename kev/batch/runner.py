@@ -5,7 +5,8 @@ hands the output line to `emit` (completion order, or input order with `ordered`
 what is early). Channels never idle for want of work while max_inflight covers them. A full
 pool or an unreachable queue is waited out, never a failed line. When `stop` is set, nothing
 new is submitted, what is running is cancelled, and nothing unfinished is written: a later
-run of the same job does it.
+run of the same job does it. Lines sharing a long prompt start go as one engine request (line_groups.py), so
+the engine computes that start once; each still gets its own record.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kev.aggregator.result import Result
+from kev.batch.line_groups import Positioned, group_lines, merged_queries, split_results
 from kev.batch.records import answer_record, response_record
 from kev.batch.requests import BatchRequest
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError
@@ -38,35 +40,41 @@ class BatchRunner:
         slots = asyncio.Semaphore(self.max_inflight)
         order = _InputOrder(emit) if self.ordered else None
         tasks: list[asyncio.Task[None]] = []
-        for position, request in enumerate(requests):
+        started = 0
+        for group in group_lines(requests):
             if not await _acquire(slots, stop):
                 break
-            tasks.append(asyncio.create_task(self._one(position, request, slots, stop, order.emit if order else
+            tasks.append(asyncio.create_task(self._one(group, slots, stop, order.emit if order else
                                                        (lambda _, r, rec: emit(r, rec)))))
+            started += len(group)
         await asyncio.gather(*tasks)
-        return not stop.is_set() and len(tasks) == len(requests)
+        return not stop.is_set() and started == len(requests)
 
-    async def _one(self, position: int, request: BatchRequest, slots: asyncio.Semaphore, stop: asyncio.Event,
+    async def _one(self, group: list[Positioned], slots: asyncio.Semaphore, stop: asyncio.Event,
                    emit: Callable[[int, BatchRequest, dict[str, Any]], None]) -> None:
         try:
-            record = await self._answer(request, stop)
-        except Exception as err:  # a backend fault fails this line, never the job
-            log.exception("batch line %d failed", request.line.line_no)
-            record = response_record(request.custom_id, 500, error_body(500, f"internal error: {err!r}", None), None)
+            records = await self._answer(group, stop)
+        except Exception as err:  # a backend fault fails these lines, never the job
+            log.exception("batch line %d failed", group[0][1].line.line_no)
+            records = [response_record(r.custom_id, 500, error_body(500, f"internal error: {err!r}", None), None)
+                       for _, r in group]
         finally:
             slots.release()
-        if record is not None and not stop.is_set():
-            emit(position, request, record)
+        if records is not None and not stop.is_set():
+            for (position, request), record in zip(group, records):
+                emit(position, request, record)
 
-    async def _answer(self, request: BatchRequest, stop: asyncio.Event) -> dict[str, Any] | None:
+    async def _answer(self, group: list[Positioned], stop: asyncio.Event) -> list[dict[str, Any]] | None:
+        """One record per line of the group (one engine request for them all), or None when stopped first."""
+        queries = merged_queries(group)
         try:
-            request_id = await self._submit(request, stop)
+            request_id = await self._submit(queries, group[0][1].options, stop)
         except InvalidRequestError as err:  # refused outright (e.g. an isolation level over the cap)
-            return response_record(request.custom_id, 422, error_body(422, str(err), None), None)
+            return [response_record(r.custom_id, 422, error_body(422, str(err), None), None) for _, r in group]
         if request_id is None:
             return None
         try:
-            watch = self.backend.watch(request_id, len(request.queries), listen=False)
+            watch = self.backend.watch(request_id, len(queries), listen=False)
             if not await _first(watch.done.wait(), stop):
                 return None
             results: list[Result] = await self.backend.results(request_id)
@@ -74,17 +82,20 @@ class BatchRunner:
             self.backend.forget(request_id)
         if any(r.status == "cancelled" for r in results):  # cancelled under us (shutdown): not an answer
             return None
-        return answer_record(request, request_id, results, self.model_name, self.backend.tokenizer)
+        if len(group) == 1:
+            return [answer_record(group[0][1], request_id, results, self.model_name, self.backend.tokenizer)]
+        return [answer_record(request, f"{request_id}-{k}", line_results, self.model_name, self.backend.tokenizer)
+                for k, ((_, request), line_results) in enumerate(zip(group, split_results(group, results)))]
 
-    async def _submit(self, request: BatchRequest, stop: asyncio.Event) -> str | None:
+    async def _submit(self, queries: list[Any], options: dict[str, Any], stop: asyncio.Event) -> str | None:
         """The request_id, or None when stopped first; InvalidRequestError passes through."""
         attempt = 0
+        options = options if self.tenant is None else {**options, "tenant": self.tenant}
         while not stop.is_set():
             try:
-                options = request.options if self.tenant is None else {**request.options, "tenant": self.tenant}
-                return await self.backend.submit(request.queries, options)
+                return await self.backend.submit(queries, options)
             except (RejectedError, UnavailableError, TimeoutError) as err:  # full, or unreachable: wait it out
-                log.debug("line %d: %s; retrying", request.line.line_no, err)
+                log.debug("%d questions: %s; retrying", len(queries), err)
             await _first(asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)]), stop)
             attempt += 1
         return None

@@ -12,8 +12,9 @@ from kev.model.llama import DecoderLayer, LlamaModel
 
 
 @torch.inference_mode()
-def linear_stack_ms(model: LlamaModel, rows: int, repeats: int = 5) -> float:
-    """Median milliseconds of one pass over every linear layer at `rows` rows."""
+def linear_stack_ms(model: LlamaModel, rows: int, repeats: int = 5, with_lm_head: bool = True) -> float:
+    """Median milliseconds of one pass over every linear layer at `rows` rows (with_lm_head=False: a prefill step's
+    layers, whose lm_head runs on the sampled rows only)."""
     cfg, dtype = model.config, model.dtype
     x = torch.randn(rows, cfg.hidden_size, dtype=dtype)
     wide = torch.randn(rows, cfg.intermediate_size, dtype=dtype)
@@ -26,7 +27,8 @@ def linear_stack_ms(model: LlamaModel, rows: int, repeats: int = 5) -> float:
             layer.self_attn.o_proj(x, tiles)
             layer.mlp.gate_up_proj(x, tiles)
             layer.mlp.down_proj(wide, tiles)
-        model.logits(x, tiles)
+        if with_lm_head:
+            model.logits(x, tiles)
 
     one_pass()
     times = []

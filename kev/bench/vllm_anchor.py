@@ -21,6 +21,7 @@ class VllmBatch:
     prompts: list[list[int]]
     max_tokens: int
     ignore_eos: bool
+    solo_only: bool = False  # only asked one prompt at a time (the `solo` batch), never timed as a batch
 
 
 def vllm_python() -> Path:

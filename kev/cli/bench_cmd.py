@@ -21,9 +21,14 @@ from kev.engine.engine_setup import build_parts
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
-    parser.add_argument("--scenario", choices=["throughput", "mixed", "routing"], default="throughput",
+    parser.add_argument("--scenario", choices=["throughput", "mixed", "routing", "documents"], default="throughput",
                         help="mixed: 32 extraction prompts among 128 short questions, natural EOS "
-                             "(kev/bench/mixed.py); routing: strategies under skewed traffic (kev/bench/routing.py)")
+                             "(kev/bench/mixed.py); routing: strategies under skewed traffic (kev/bench/routing.py); "
+                             "documents: 32 ~2,900-token reports x 1 and x 3 tasks, prompt tokens/s against "
+                             "document length (kev/bench/documents_scenario.py)")
+    parser.add_argument("--documents", type=int, default=32, help="documents: how many reports")
+    parser.add_argument("--solo-every", type=int, default=1,
+                        help="documents: ask every k-th question alone for the identical-to-solo counts (1: all)")
     parser.add_argument("--against", choices=["vllm"], action="append", default=[],
                         help="also run vLLM's CPU build (.venv-vllm, see `make bench-vllm`) on the same prompts")
     parser.add_argument("--parallel", type=int,
@@ -43,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.scenario == "routing":
         return run_routing_scenario(args)
+    if args.scenario == "documents":
+        return run_documents_scenario(args)
     sizes = [int(s) for s in args.sizes.split(",")]
     parallel = args.parallel or (64 if args.scenario == "mixed" else max(sizes))
     # round_robin: every question gets a channel of its own, so the run measures the one-forward engine,
@@ -113,6 +120,22 @@ def run_mixed_scenario(args: argparse.Namespace, config: KevConfig) -> int:
         table.add_row(r["path"], str(r["questions"]), str(r["completion_tokens"]), f"{r['seconds']:.2f}",
                       f"{r['tok_per_s']:.1f}", r["identical_to_solo"], f"{r['kev_time_over_path']:.2f}x")
     Console().print(table)
+    return 0
+
+
+def run_documents_scenario(args: argparse.Namespace) -> int:
+    from kev.bench.documents_scenario import format_documents, run_documents
+
+    parallel = args.parallel or 32
+    # Room for 4,000-token documents, and KV for every running question plus the documents' shared starts.
+    config = config_from_args(args, {"router": {"max_parallel_queries": parallel, "channel_pool_size": parallel},
+                                     "core": {"max_context": 4608, "kv_cache_tokens": 200_000}})
+    with progress_bar("loading the model") as bar, Engine(config, background=False) as engine:
+        report = {**run_facts(config), "numerics_fingerprint": engine.runner.fingerprint, "max_parallel": parallel,
+                  **run_documents(engine, "vllm" in args.against, bar, args.documents, args.solo_every)}
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report) if args.json else format_documents(report))
     return 0
 
 

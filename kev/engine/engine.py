@@ -126,7 +126,8 @@ class Engine(RequestFront[Request]):
         request_id = new_request_id()
         request = Request(request_id, len(queries), options.isolation)
         questions, errors = build_questions(queries, request_id, options, self.tokenizer, self.config,
-                                            self.runner.model.config.vocab_size, self.parts.router, self.grammars)
+                                            self.runner.model.config.vocab_size, self.parts.router, self.grammars,
+                                            self.runner.chunk_invariant)
         with self._lock:
             if (failure := self.failure) is not None:
                 raise UnavailableError(failure)

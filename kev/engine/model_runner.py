@@ -8,7 +8,7 @@ import torch
 
 from kev.engine.decode_graphs import DecodeGraphs
 from kev.engine.packer import TilePlan
-from kev.model.attention import PagedKVLayer
+from kev.model.attention import PagedKVLayer, prefill_kernel_applies
 from kev.model.llama import LlamaModel
 from kev.model.step_metadata import StepMetadata
 
@@ -64,6 +64,13 @@ class ModelRunner:
         return None
 
     @property
+    def chunk_invariant(self) -> bool:
+        """A prompt row's bits depend neither on how its prompt is chunked nor on the step's other rows: one GEMM per
+        step proved row-invariant, and attention on Kev's kernels (soft-capped layers gather per chunk instead).
+        Then a shared start computed once is the start each question would compute (engine/shared_starts.py)."""
+        return self.plan.free_rows and self.model.cpu_kernels and self.model.config.attn_logit_softcapping is None
+
+    @property
     def kv_bytes_per_token(self) -> int:
         cfg = self.model.config
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
@@ -77,8 +84,11 @@ def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePla
     attention = "kernels=kev-cpu" if cpu_kernels else "kernels=torch,attn=sdpa-per-channel"
     if device_label:
         attention = device_label
-    elif device.type == "cuda":
-        attention += ",sdpa=efficient|math"  # model/attention.py: flash and cuDNN are not deterministic there
+    else:
+        if cpu_kernels and prefill_kernel_applies(dtype, device, 64):
+            attention += ",prefill=flash-bf16"  # prompt rows on kernels/prefill_attention.cpp
+        if device.type == "cuda":
+            attention += ",sdpa=efficient|math"  # model/attention.py: flash and cuDNN are not deterministic there
     parts = [str(dtype), device.type, device_kind, plan.label, attention, torch.__version__,
              f"threads={torch.get_num_threads()}"] + ([f"weights={weight_dtype}"] if weight_dtype != dtype else [])
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

@@ -110,7 +110,7 @@ def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.d
             slot_mapping.extend(blocks.slots(channel, w.start, end))
             kv_slots = _key_slots(blocks, channel, end, device)
             spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device), w.start == 0,
-                                     q.prefix_len))
+                                     q.prefix_len, group is decode))
             sample_rows.extend(logit_rows(w, q_start))  # the sampling row; all rows of a prompt being scored
         if group and not one_gemm:
             rows.close_tiles(plan.for_decode(len(group)) if group is decode else plan.for_chunk(group[0].length))

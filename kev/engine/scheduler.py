@@ -11,8 +11,9 @@ head, highest priority first across channels, within max_parallel and its group'
 the slots. Placement stays work-conserving: a question waiting behind a busy channel moves
 to a channel of its group that has fallen idle (rerouted: true) instead of waiting beside it.
 
-Decode tokens go first (one per channel), then prefill chunks in admission order
-while the step's token budget lasts. A chunk always ends at a multiple of
+Decode tokens go first (one per channel), then the prompts this step can finish (within half
+the budget: a short question behind long documents gets its first token at once), then prefill
+chunks in admission order while the step's token budget lasts. A chunk always ends at a multiple of
 prefill_chunk counted from the question's own start, so how a prompt is cut never
 depends on what else is running (batch invariance).
 """
@@ -28,7 +29,7 @@ from itertools import count
 from kev.aggregator.result import FinishReason
 from kev.engine.channel_pool import ChannelPool, queue_order
 from kev.engine.plan import QuestionOutput, SampleRow, StepPlan, Work
-from kev.engine.prefix_jobs import PrefixJobs
+from kev.engine.prefix_jobs import PrefixJob, PrefixJobs
 from kev.engine.question import Phase, Question
 from kev.engine.stats import EngineLoad
 from kev.isolation.block_manager import BlockManager
@@ -120,26 +121,47 @@ class Scheduler:
         budget = self.limits.max_step_tokens - len(decode)
         prefill: list[Work] = []
         jobs = [job for job in self.prefixes.jobs if not job.is_done]
-        for seq in jobs + [q for q in self.running if q.phase is Phase.PREFILL]:
-            chunk, origin = self.limits.prefill_chunk, seq.prefix_len  # chunks restart after an attached prefix
-            end = min(origin + ((seq.num_computed - origin) // chunk + 1) * chunk, len(seq.prompt_ids))
-            length = end - seq.num_computed
-            if length > budget and (decode or prefill):
-                break  # FIFO: a later prompt never overtakes an earlier one
-            if isinstance(seq, Question):
-                samples = end == len(seq.prompt_ids)
-                prefill.append(Work(seq, seq.num_computed, length, samples, seq.sampling.prompt_logprobs))
-                if samples:
-                    sampling.append(seq)
-            else:  # a prefix job never samples
-                prefill.append(Work(seq, seq.num_computed, length, False))
-            budget -= length
+        waiting = jobs + [q for q in self.running if q.phase is Phase.PREFILL]
+        # First the prompts this step can finish (a short question's whole prompt, a document's last chunk), within
+        # half the budget, so a short question queued behind long documents gets its first token next step; then
+        # the rest in admission order (FIFO: a later long prompt never overtakes an earlier one).
+        finishing = [seq for seq in waiting if self._chunk_end(seq) == len(seq.prompt_ids)]
+        budget_left = self._plan_prefill(finishing, budget // 2, prefill, bool(decode), stop_at_first=False)
+        budget -= budget // 2 - budget_left
+        planned = {id(w.seq) for w in prefill}
+        self._plan_prefill([seq for seq in waiting if id(seq) not in planned], budget, prefill, bool(decode))
+        sampling += [w.seq for w in prefill if w.samples and isinstance(w.seq, Question)]  # in packing order
         work = decode + prefill
         for w in work:
             assert w.seq.channel_id is not None  # running, or a prefix job (its owner)
             self.blocks.ensure(w.seq.channel_id, w.start + w.length)
         # sampling: decode rows first, as packed; what sampling reads of them is snapshotted here, under the lock
         return StepPlan(work, self.prefixes.take_copies(), sampling, [SampleRow.of(q) for q in sampling])
+
+    def _chunk_end(self, seq: Question | PrefixJob) -> int:
+        """Where the prompt's next chunk ends: a multiple of prefill_chunk counted from its own start (after an attached
+        prefix), never a length set by what else runs."""
+        chunk, origin = self.limits.prefill_chunk, seq.prefix_len
+        return min(origin + ((seq.num_computed - origin) // chunk + 1) * chunk, len(seq.prompt_ids))
+
+    def _plan_prefill(self, seqs: list[Question | PrefixJob], budget: int, prefill: list[Work], any_decode: bool,
+                      stop_at_first: bool = True) -> int:
+        """Appends the next chunk of each seq, in order, while the budget lasts; returns the budget left.
+        stop_at_first: the first chunk that does not fit ends the plan (FIFO); otherwise it is skipped."""
+        for seq in seqs:
+            end = self._chunk_end(seq)
+            length = end - seq.num_computed
+            if length > budget and (any_decode or prefill):
+                if stop_at_first:
+                    break
+                continue
+            if isinstance(seq, Question):
+                prefill.append(Work(seq, seq.num_computed, length, end == len(seq.prompt_ids),
+                                    seq.sampling.prompt_logprobs))
+            else:  # a prefix job never samples
+                prefill.append(Work(seq, seq.num_computed, length, False))
+            budget -= length
+        return budget
 
     def update(self, plan: StepPlan, sampled_ids: list[int] | None) -> list[QuestionOutput]:
         """Apply the step's forward (None: it did not run, nothing advanced); per question, what it produced."""

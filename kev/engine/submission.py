@@ -13,6 +13,7 @@ from kev.config.server_config import DEFAULT_TENANT, TENANT_NAME
 from kev.engine.inputs import QuestionSpec, RequestDefaults, parse_question, validate_sampling, validate_timeout
 from kev.engine.question import Question
 from kev.engine.sampling_params import SamplingParams
+from kev.engine.shared_starts import group_shared_starts
 from kev.engine.structured import CompiledGrammar, GrammarCompiler
 from kev.errors import ContextOverflowError, InvalidRequestError, QuestionError
 from kev.model.tokenizer import Tokenizer
@@ -125,8 +126,9 @@ def _compile(spec: QuestionSpec, grammars: GrammarCompiler | None, index: int) -
 
 
 def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,
-                    config: KevConfig, vocab_size: int, router: Router,
-                    grammars: GrammarCompiler | None = None) -> tuple[list[Question], list[RefusedQuestion]]:
+                    config: KevConfig, vocab_size: int, router: Router, grammars: GrammarCompiler | None = None,
+                    group_starts: bool = False) -> tuple[list[Question], list[RefusedQuestion]]:
+    """group_starts: the engine's numerics let questions sharing a long start compute it once (shared_starts.py)."""
     read, errors = read_questions(queries, request_id, options, tokenizer, config, vocab_size, router, grammars)
     questions: list[Question] = []
     for r in read:
@@ -143,6 +145,8 @@ def build_questions(queries: list[Any], request_id: str, options: SubmitOptions,
         q.normalized_text = r.normalized
         q.features = r.features
         questions.append(q)
+    if group_starts and config.isolation.shared_prefix and len(questions) > 1:
+        group_shared_starts(questions)
     return questions, errors
 
 

@@ -56,10 +56,12 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [num_rows, heads, dim]; k, v: [num_rows, kv_heads, dim] for the new tokens. Returns [num_rows, heads, dim].
 
-    decode_kernel: decode rows and short prefill chunks run Kev's C++ kernel (model/kernels), which reads
-    each channel's keys in place, all in one call; long prefill chunks (and, without the kernel, every
-    channel) are gathered and attended with SDPA, one call per channel. variant: see AttentionVariant; a
-    window only narrows which keys each row reads, so every row still depends on its own channel alone."""
+    decode_kernel: Kev's C++ kernels (model/kernels) read each channel's keys in place, all channels in one
+    call: in bf16 (AVX-512 BF16) decode rows take the row kernel and prompt chunks of any length the flash-style
+    prefill kernel, otherwise every row takes the row kernel (step_metadata.py says why a row's bits stay its
+    own). Without them every channel is gathered and attended with SDPA, one call per channel. variant: see
+    AttentionVariant; a window only narrows which keys each row reads, so every row still depends on its own
+    channel alone."""
     store_new_kv(k, v, cache, meta)
     return attend(q, cache, meta, decode_kernel, variant)
 
@@ -80,19 +82,36 @@ def attend(q: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata, decode_kern
     if variant is not None:
         _variant_attention(q, cache, meta, decode_kernel, variant, out)
         return out
-    batch = meta.kernel_batch if decode_kernel else None
+    if not decode_kernel:
+        _spans_sdpa(q, cache, meta.spans, out)
+        return out
+    scale = q.shape[-1] ** -0.5
+    prefill = meta.prefill_batch if prefill_kernel_applies(q.dtype, q.device, q.shape[-1]) else None
+    batch = meta.kernel_batch if prefill is None else meta.decode_batch
     if batch is not None:
-        torch.ops.kev.paged_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.starts, batch.lengths,
-                                       q.shape[-1] ** -0.5)
-    _spans_sdpa(q, cache, meta.long_chunks if decode_kernel else meta.spans, out)
+        torch.ops.kev.paged_attention(q, cache.kv, out, batch.rows, batch.kv_slots, batch.starts, batch.lengths, scale)
+    if prefill is not None:
+        torch.ops.kev.prefill_attention(q, cache.kv, out, prefill.spans, prefill.kv_slots, scale)
     return out
+
+
+_PREFILL_KERNEL: list[bool] = []  # whether the loaded kernels have the prefill kernel (asked once)
+
+
+def prefill_kernel_applies(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """The flash-style prefill kernel takes bf16 queries on a CPU with AVX-512 BF16, head_dim 64 or 128."""
+    if dtype != torch.bfloat16 or device.type != "cpu" or head_dim not in (64, 128):
+        return False
+    if not _PREFILL_KERNEL:
+        _PREFILL_KERNEL.append(bool(torch.ops.kev.prefill_attention_supported()))
+    return _PREFILL_KERNEL[0]
 
 
 def _variant_attention(q: torch.Tensor, cache: PagedKVLayer, meta: StepMetadata, decode_kernel: bool,
                        variant: AttentionVariant, out: torch.Tensor) -> None:
     decode_kernel = decode_kernel and variant.softcap is None
     batch = meta.kernel_batch if decode_kernel else None
-    spans = meta.long_chunks if decode_kernel else meta.spans
+    spans = [] if decode_kernel else meta.spans
     if variant.window is not None:
         batch = batch.windowed(variant.window) if batch is not None else None
         spans = [windowed_span(span, variant.window) for span in spans]

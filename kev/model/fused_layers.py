@@ -4,7 +4,8 @@ The op chains the very kernels the Python layer loop calls (Kev's GEMM, the row 
 KV write, paged attention), in the same order, so a step's bits are the same either way; it only
 drops Python's per-op cost, a quarter of a lone question's decode step. It applies to plain
 Llama-shaped layers (no family variant) whose linears all run Kev's GEMM, on steps whose every
-row goes to the attention kernel (no long prefill chunk, which needs SDPA)."""
+row goes to the row attention kernel (in bf16 with the prefill kernel: steps without a prompt chunk; a prompt
+chunk's step is long enough that Python's per-op cost does not count)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kev.model.attention import PagedKVLayer
+from kev.model.attention import PagedKVLayer, prefill_kernel_applies
 from kev.model.linear import GemmWeight, Linear
 from kev.model.step_metadata import StepMetadata
 
@@ -69,9 +70,11 @@ class FusedLayers:
 
     def run(self, x: torch.Tensor, meta: StepMetadata, caches: list[PagedKVLayer], cos: torch.Tensor,
             sin: torch.Tensor) -> torch.Tensor | None:
-        """The last layer's pending MLP output (x updated in place), or None when the step needs SDPA."""
+        """The last layer's pending MLP output (x updated in place), or None when the step has prompt rows for the
+        prefill kernel."""
         batch = meta.kernel_batch
-        if batch is None or meta.long_chunks:
+        prompt_rows = meta.prefill_batch is not None and prefill_kernel_applies(x.dtype, x.device, self.head_dim)
+        if batch is None or prompt_rows:
             return None
         return torch.ops.kev.decoder_layers(
             x, self.weights, self.biases, self.scales, [cache.kv for cache in caches], self.out_features, cos, sin,

@@ -11,12 +11,11 @@ from functools import cached_property
 
 import torch
 
-# Prefill chunks of at most this many rows go to the attention kernel with the decode rows (one call per
-# layer); longer ones to SDPA. A chunk's length depends only on its own question, so which path it takes
-# does too. Measured on this CPU (bf16, 1 thread, one layer): a 128-row chunk over 128 keys 0.36 ms in the
-# kernel vs 0.69 ms gather + SDPA, over 355 keys 1.62 vs 1.85 ms; so every chunk of the default
-# prefill_chunk (128) takes the kernel, and with it the fused layer op.
-KERNEL_MAX_CHUNK = 128
+# Attention paths (model/attention.py). In bf16 with the AVX-512 BF16 kernels, decode rows take the row kernel
+# (kernels/paged_attention.cpp) and every prefill chunk, whatever its length, the flash-style prefill kernel
+# (kernels/prefill_attention.cpp); otherwise every row takes the row kernel. Both compute a row from its own
+# channel's keys in an order fixed by its own position, so a row's bits never depend on how its prompt was
+# chunked or on what else is in the step.
 
 
 @dataclass
@@ -31,6 +30,7 @@ class ChannelSpan:
     attn_mask: torch.Tensor | None  # [q_len, ctx_len] bool; None when is_causal or q_len == 1
     is_causal: bool  # the chunk starts at position 0 (q_len == ctx_len): plain causal
     prefix_len: int = 0  # leading keys that are an attached shared prefix (the audit's allowed span)
+    decode: bool = False  # a sampled token's row (not part of a prompt): the row kernel even beside prefill
 
 
 @dataclass
@@ -61,14 +61,39 @@ class StepMetadata:
 
     @cached_property
     def kernel_batch(self) -> KernelBatch | None:
-        """Decode rows and short prefill chunks, for the in-place attention kernel (None when there is none)."""
-        spans = [span for span in self.spans if span.q_len <= KERNEL_MAX_CHUNK]
+        """Every row, for the row kernel (None when the step has none)."""
+        return KernelBatch.build(self.spans) if self.spans else None
+
+    @cached_property
+    def decode_batch(self) -> KernelBatch | None:
+        """Decode rows only, for the row kernel beside the prefill kernel."""
+        spans = [span for span in self.spans if span.decode]
         return KernelBatch.build(spans) if spans else None
 
     @cached_property
-    def long_chunks(self) -> list[ChannelSpan]:
-        """Prefill chunks too long for the kernel: attended with SDPA, one call each."""
-        return [span for span in self.spans if span.q_len > KERNEL_MAX_CHUNK]
+    def prefill_batch(self) -> PrefillBatch | None:
+        """Prompt chunks, for the prefill kernel (None when the step has none)."""
+        spans = [span for span in self.spans if not span.decode]
+        return PrefillBatch.build(spans) if spans else None
+
+
+@dataclass
+class PrefillBatch:
+    """Prompt chunks for kernels/prefill_attention.cpp: chunk i's rows are spans[i] = (q_start, q_len, ctx_len,
+    slot_offset); they are the last q_len positions of a context whose ctx_len key slots start at slot_offset."""
+
+    spans: torch.Tensor  # [n, 4] int64
+    kv_slots: torch.Tensor  # every chunk's context slots in position order, one chunk after another
+
+    @staticmethod
+    def build(spans: list[ChannelSpan]) -> PrefillBatch:
+        rows, offset = [], 0
+        for s in spans:
+            rows.append([s.q_start, s.q_len, s.ctx_len, offset])
+            offset += s.ctx_len
+        device = spans[0].kv_slots.device
+        return PrefillBatch(torch.tensor(rows, dtype=torch.long, device=device),
+                            torch.cat([s.kv_slots for s in spans]))
 
 
 @dataclass

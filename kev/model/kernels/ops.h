@@ -11,6 +11,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
                   const c10::optional<at::Tensor>& scale, int64_t out_features);
 void paged_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
                      const at::Tensor& slots, const at::Tensor& starts, const at::Tensor& lengths, double scale);
+void prefill_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& spans,
+                       const at::Tensor& slots, double scale);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor add_rms_norm(const at::Tensor& x, at::Tensor residual, const at::Tensor& weight, double eps);
 void rope_store_kv_(at::Tensor qkv, at::Tensor kv, const at::Tensor& cos, const at::Tensor& sin,
