@@ -19,7 +19,7 @@ from kev.batch.records import answer_record, response_record
 from kev.batch.requests import BatchRequest
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError
 from kev.server.bridge import EngineBridge
-from kev.server.errors import error_body
+from kev.server.errors import ApiError, error_body
 
 log = logging.getLogger("kev.batch")
 Emit = Callable[[BatchRequest, dict[str, Any]], None]
@@ -59,8 +59,8 @@ class BatchRunner:
     async def _answer(self, request: BatchRequest, stop: asyncio.Event) -> dict[str, Any] | None:
         try:
             request_id = await self._submit(request, stop)
-        except InvalidRequestError as err:  # refused outright (e.g. an isolation level over the cap)
-            return response_record(request.custom_id, 422, error_body(422, str(err), None), None)
+        except InvalidRequestError as err:  # refused outright (e.g. an isolation level over the cap), as the route
+            return response_record(request.custom_id, 422, ApiError.from_message(422, str(err)).body(), None)
         if request_id is None:
             return None
         try:

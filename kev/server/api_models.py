@@ -167,6 +167,8 @@ class ResultModel(BaseModel):
     finish_reason: Literal["stop", "length", "timeout", "cancelled", "error"] | None
     status: Literal["ok", "timeout", "cancelled", "rejected", "error"]
     error: str | None
+    error_field: str | None = Field(None, description="the question's field at fault when the error is the caller's "
+                                    "input (e.g. queries[0].structured_outputs); null for the engine's own failure")
     isolation: str
     strategy: str
     hash_bucket: int | None = None

@@ -38,6 +38,10 @@ class ApiError(HTTPException):
         self.message, self.field = message, field
         self.error_type = error_type or _TYPES.get(status_code, "server_error")
 
+    def body(self) -> dict[str, Any]:
+        """The JSON body this error answers (also a batch line's, and a stream's error event)."""
+        return error_body(self.status_code, self.message, self.field, self.error_type)
+
     @classmethod
     def from_message(cls, status_code: int, message: str, **kwargs: Any) -> ApiError:
         """For engine messages that begin with their field name."""
@@ -51,8 +55,7 @@ def error_body(status_code: int, message: str, field: str | None, error_type: st
 
 
 def error_response(err: ApiError) -> JSONResponse:
-    body = error_body(err.status_code, err.message, err.field, err.error_type)
-    return JSONResponse(body, err.status_code, err.headers)
+    return JSONResponse(err.body(), err.status_code, err.headers)
 
 
 def field_path(loc: tuple[Any, ...] | list[Any]) -> str:

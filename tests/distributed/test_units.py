@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 
 import pytest
@@ -153,14 +152,15 @@ def test_a_worker_answer_counts_its_waits_from_the_routers_submit() -> None:
 
 
 def test_cluster_counters_keep_a_gone_workers_count_and_gauges_drop_it() -> None:
-    directory = WorkerDirectory(heartbeat_s=0.01)
+    now = [0.0]
+    directory = WorkerDirectory(heartbeat_s=0.01, clock=lambda: now[0])
     for worker, used in (("w0", 3), ("w1", 5)):
         directory.on_status(WorkerStatus(worker=worker, partition=0, capacity=8, inflight=0, at=0.0,
                                          alerts={"shadow_mismatch": 1},
                                          load=asdict(EngineLoad(1, 0, used, 100, 10, 4))).encode())
     load = directory.load()
     assert (load.kv_blocks_used, load.kv_blocks_total, load.num_running, load.prefix_hits) == (8, 200, 2, 8)
-    time.sleep(0.1)  # both heartbeats are now older than LIVE_PERIODS x heartbeat_s: the workers are gone
+    now[0] += 0.1  # both heartbeats are now older than LIVE_PERIODS x heartbeat_s: the workers are gone
     load = directory.load()
     assert (load.kv_blocks_total, load.num_running, load.prefix_queries, load.prefix_hits) == (0, 0, 20, 8)
     assert directory.totals()[1] == {"shadow_mismatch": 2}, "a counter never goes down when a worker leaves"

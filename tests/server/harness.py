@@ -40,7 +40,7 @@ class ServerProcess:
     def log_path(self) -> Path:
         return self.workdir / "server.log"
 
-    def start(self, timeout: float = 120.0, ready: bool = True) -> ServerProcess:
+    def start(self, timeout: float = 600.0, ready: bool = True) -> ServerProcess:
         """Port 0 lets the OS pick a free port; we read the real one from uvicorn's log line.
 
         ready=False returns as soon as the server listens, while its model may still load."""
