@@ -29,7 +29,7 @@ IMPOSSIBLE: list[tuple[dict[str, Any], str]] = [
     ({"guided_regex": "[^\\s\\S]"}, "guided_regex"),
     ({"guided_grammar": "start: /[^\\s\\S]/"}, "guided_grammar"),
     ({"guided_json": {"allOf": [{"type": "string"}, {"type": "integer"}]}}, "guided_json"),
-    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": [""]}, "guided_choice"),
     ({"response_format": {"type": "json_schema",
                           "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 5, "maxLength": 2}}}},
      "response_format"),
