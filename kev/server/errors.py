@@ -74,7 +74,9 @@ def validation_error(err: RequestValidationError) -> ApiError:
     problems = err.errors()
     if not problems:
         return ApiError(422, "body: invalid request", "body")
-    problem = max(problems, key=lambda p: len(p.get("loc", ())))
+    # The deepest problem; at equal depth a rule the value broke beats a union branch whose type it is not
+    # (10,000 stop strings: "at most 16 items", not "should be a valid string").
+    problem = max(problems, key=lambda p: (len(p.get("loc", ())), not str(p.get("type", "")).endswith("_type")))
     if problem.get("type") == "json_invalid":
         detail = problem.get("ctx", {}).get("error", "malformed JSON")
         return ApiError(400, f"body: malformed JSON ({detail})", "body")

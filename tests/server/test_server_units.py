@@ -52,6 +52,16 @@ def test_validation_error_names_the_deepest_field(body: dict, field: str) -> Non
     assert err.message.startswith(f"{field}: ")
 
 
+@pytest.mark.parametrize(("body", "message"), [
+    ({"queries": ["a"], "temperature": float("nan")}, "temperature: Input should be a finite number"),
+    ({"queries": ["a"], "top_p": float("inf")}, "top_p: Input should be a finite number"),
+    ({"queries": ["a"], "stop": ["x"] * 10_000}, "stop: List should have at most 16 items"),
+])
+def test_validation_error_names_the_rule_broken(body: dict, message: str) -> None:
+    """Issue 24: NaN was told "should be <= 100", and 10,000 stop strings "should be a valid string"."""
+    assert error_for(body).message.startswith(message)
+
+
 def test_limits_name_field_and_limit() -> None:
     limits = Limits.from_config(kev.load_config({"server": {"max_questions": 2, "max_question_chars": 5,
                                                             "max_tokens_cap": 10},
