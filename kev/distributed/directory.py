@@ -42,8 +42,12 @@ class WorkerDirectory:
 
     def num_live(self) -> int:
         """How many workers are alive; unlike live(), it changes nothing (safe from another thread)."""
+        return len(self.live_names())
+
+    def live_names(self) -> set[str]:
+        """The workers alive now; like num_live, it changes nothing."""
         horizon = self.clock() - LIVE_PERIODS * self.heartbeat_s
-        return sum(at >= horizon for at, _ in list(self.workers.values()))
+        return {worker for worker, (at, _) in list(self.workers.items()) if at >= horizon}
 
     def live_partitions(self) -> set[int] | None:
         """Partitions a live worker pulls; None while no worker is heard from (then every partition
