@@ -177,3 +177,19 @@ def test_the_aggregator_and_placement_import_without_torch() -> None:
             "kev.cli.aggregator_cmd; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_supervision_backs_off_and_forgives_a_process_that_stayed_up(tmp_path) -> None:
+    from kev.distributed.supervisor import ProcessState, read_status, status_table, write_status
+
+    state = ProcessState("worker1", pid=10, started_at=0.0)
+    delays = []
+    for now in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0):  # dies again right after each restart
+        delays.append(state.died(-9, now))
+        state.restarted(pid=11, now=now + 0.5)
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0] and state.restarts == 7
+    assert state.died(-9, now=7.5 + 60) == 1.0, "up for a minute: its next death is a fresh one"
+    write_status(tmp_path, [state])
+    (read,) = read_status(tmp_path)
+    assert (read.name, read.state, read.restarts, read.last_exit) == ("worker1", "restarting", 7, -9)
+    assert status_table([read]).splitlines()[1].split() == ["worker1", "restarting", "-", "7", "-9"]
