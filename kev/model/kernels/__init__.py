@@ -3,9 +3,12 @@
 says so in its numerics fingerprint."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,11 +44,26 @@ def _build(folder: Path) -> bool:
 
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        load(name="kev_kernels", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-             build_directory=str(folder),
-             is_python_module=False, verbose=False)
+        with _builders_lock(folder):
+            load(name="kev_kernels", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS,
+                 extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False, verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means: run on torch ops, loudly
         log.warning("Kev's C++ kernels could not be built (%s: %s); decode attention runs on torch SDPA",
                     type(error).__name__, str(error).splitlines()[0] if str(error) else "")
         return False
     return True
+
+
+@contextmanager
+def _builders_lock(folder: Path) -> Iterator[None]:
+    """One process at a time builds or loads the kernels of a folder, under an flock the kernel drops when its
+    holder dies. torch's own build lock is a plain file: a process killed mid-build (a test's timeout, an OOM)
+    leaves it behind and every later process waited on it for ever. Whoever holds the flock knows that file is
+    a dead builder's and removes it."""
+    with (folder / "kev-build.flock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (folder / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
