@@ -110,8 +110,9 @@ def verdict(samples: list[tuple[float, float]], warmup_s: float) -> tuple[float,
 
 
 def machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
+    info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    model = f"{info.get('model name', platform.processor())} (cpu family {info.get('cpu family', '?')})"
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     return f"{model}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB; load average {load}"
 

@@ -134,8 +134,9 @@ async def measure(port: int, num_sockets: int, num_requests: int) -> tuple[Batch
 
 
 def machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor())
+    info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    model = f"{info.get('model name', platform.processor())} (cpu family {info.get('cpu family', '?')})"
     load = Path("/proc/loadavg").read_text().split()[:3]
     return f"{model}, {os.cpu_count()} CPUs, load average {' '.join(load)} at the start"
 
