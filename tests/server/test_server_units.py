@@ -217,3 +217,21 @@ def test_engine_refusals_map_to_http(error: Exception, status: int, field: str |
     assert (refused.value.status_code, refused.value.field) == (status, field)
     assert (refused.value.headers or {}).get("Retry-After") == retry_after
     assert service.registry.num_inflight == 0, "a refused submission gives its slot back"
+
+
+def test_the_published_schema_holds_the_servers_limits() -> None:
+    """Issue 24: the schema was looser than the server's checks (a schema-valid body refused)."""
+    from kev.server.app import build_app
+
+    config = kev.load_config({"server": {"max_questions": 3, "max_question_chars": 64, "max_tokens_cap": 4,
+                                         "max_timeout_ms": 5000}})
+    schemas = build_app(config).openapi()["components"]["schemas"]
+    queries = schemas["QueryBody"]["properties"]["queries"]
+    assert queries["maxItems"] == 3 and queries["items"]["oneOf"][0]["maxLength"] == 64
+    assert schemas["QuestionObject"]["properties"]["text"]["maxLength"] == 64
+    assert schemas["ChatMessage"]["properties"]["content"]["maxLength"] == 64
+    assert schemas["ChatCompletionBody"]["properties"]["n"]["maximum"] == 3
+    assert schemas["CompletionBody"]["properties"]["max_tokens"]["anyOf"][0]["maximum"] == 4
+    assert schemas["QueryBody"]["properties"]["timeout_ms"]["anyOf"][0]["maximum"] == 5000
+    temperature = schemas["QueryBody"]["properties"]["temperature"]["anyOf"]
+    assert temperature[:2] == [{"type": "number", "enum": [0]}, {"type": "number", "maximum": 100.0, "minimum": 0.001}]

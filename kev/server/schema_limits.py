@@ -1,0 +1,62 @@
+"""The server's limits (config `server:`), written into the published OpenAPI schema where a JSON Schema keyword
+can say them, so a request the schema accepts is one the server accepts (issue 24, point 5).
+
+The request models hold the limits that never change; these depend on the config: questions per request,
+characters per question, the max_tokens cap, the timeout cap. What no keyword can say (a sum of
+characters over several messages, prompts x n) stays the server's own check.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kev.server.api_models import MIN_TEMPERATURE
+from kev.server.limits import Limits
+
+_TEXT_FIELDS = ("text", "prompt", "system", "content")
+
+
+def apply_limits(schemas: dict[str, Any], limits: Limits) -> None:
+    """Tighten every request body's properties in place (components/schemas of the generated schema)."""
+    for body in schemas.values():
+        properties = body.get("properties", {})
+        _bound(properties.get("queries"), "array", maxItems=limits.max_questions)
+        _bound(_items(properties.get("queries")), "string", maxLength=limits.max_question_chars)
+        for name in ("max_tokens", "max_completion_tokens"):
+            _bound(properties.get(name), "integer", maximum=limits.max_tokens_cap)
+        _bound(properties.get("timeout_ms"), "integer", maximum=limits.max_timeout_ms)
+        for name in ("n", "best_of"):
+            _bound(properties.get(name), "integer", maximum=limits.max_questions)
+        for name in _TEXT_FIELDS:
+            _bound(properties.get(name), "string", maxLength=limits.max_question_chars)
+        if "temperature" in properties:
+            _exclude_tiny_temperatures(properties["temperature"])
+
+
+def _bound(schema: dict[str, Any] | None, kind: str, **keywords: int) -> None:
+    """Set keywords on the schema, or on each anyOf / oneOf branch of that type (never loosening one)."""
+    if schema is None:
+        return
+    branches = schema.get("anyOf") or schema.get("oneOf") or [schema]
+    for branch in branches:
+        if branch.get("type") == kind:
+            for keyword, value in keywords.items():
+                branch[keyword] = min(value, branch.get(keyword, value))
+
+
+def _items(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if schema is None else schema.get("items")
+
+
+def _exclude_tiny_temperatures(schema: dict[str, Any]) -> None:
+    """0 (greedy) or at least MIN_TEMPERATURE: what the validator accepts, as two number branches."""
+    branches = schema.get("anyOf") or [schema]
+    for i, branch in enumerate(branches):
+        if branch.get("type") == "number":
+            greedy = {"type": "number", "enum": [0]}
+            sampled = {**branch, "minimum": MIN_TEMPERATURE}
+            if "anyOf" in schema:
+                schema["anyOf"][i:i + 1] = [greedy, sampled]
+            else:
+                schema.clear()
+                schema["anyOf"] = [greedy, sampled]
+            return
