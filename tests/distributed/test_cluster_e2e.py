@@ -184,7 +184,8 @@ def test_channels_and_metrics_show_the_cluster(client: httpx.Client) -> None:
 def test_channels_show_each_question_of_a_grouped_request_at_its_own_index(client: httpx.Client) -> None:
     """A worker answers the questions it pulls of one request as one engine request: /v1/channels shows each at
     the caller's index (not one index for the whole group), on the worker that answers it."""
-    body = {"queries": [f"Count from {i} upwards." for i in range(8)], "max_tokens": 48, "ignore_eos": True}
+    counting = [{"prompt": ", ".join(str(n) for n in range(i, i + 6)) + ","} for i in range(8)]  # goes on counting
+    body = {"queries": counting, "max_tokens": 48}
     for _ in range(5):  # a request over before a heartbeat shows two of its questions on one worker: ask again
         accepted = client.post("/v1/requests", json=body).json()
         seen: set[tuple[str, int]] = set()

@@ -58,7 +58,7 @@ def held_while_running(client: httpx.Client, worker: str, body: dict[str, Any],
 
 def test_a_killed_workers_questions_are_answered_once_by_the_others(cluster: Cluster, client: httpx.Client,
                                                                    reference: Callable[..., list]) -> None:
-    body = {"queries": QUESTIONS, "max_tokens": 24, "ignore_eos": True}  # every answer runs its 24 tokens
+    body = {"queries": QUESTIONS, "max_tokens": 24}
     expected = reference(**body)
     accepted, held = held_while_running(client, "worker1", body)
     cluster.roles["worker1"].kill()  # SIGKILL by pid, mid-answer
@@ -86,7 +86,7 @@ def test_a_killed_workers_questions_are_served_first_under_load(cluster: Cluster
     for thread in load:
         thread.start()
     try:
-        body = {"queries": QUESTIONS[:8], "max_tokens": 16, "ignore_eos": True}
+        body = {"queries": QUESTIONS[:8], "max_tokens": 16}
         accepted, held = held_while_running(client, "worker1", body)
         cluster.roles["worker1"].kill()
         killed = time.monotonic()
