@@ -89,7 +89,7 @@ def _document_served_model(app: FastAPI, model_name: str, limits: Limits) -> Non
             schemas = generate()["components"]["schemas"]
             for body in ("ChatCompletionBody", "CompletionBody"):
                 schemas[body]["properties"]["model"]["enum"] = [model_name]
-            apply_limits(schemas, limits)
+            apply_limits(app.openapi_schema, limits)  # type: ignore[arg-type]  # generate() has filled it
         return app.openapi_schema  # type: ignore[return-value]  # generate() above has filled it
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to adjust the schema

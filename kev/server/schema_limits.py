@@ -15,21 +15,58 @@ from kev.server.limits import Limits
 _TEXT_FIELDS = ("text", "prompt", "system", "content")
 
 
-def apply_limits(schemas: dict[str, Any], limits: Limits) -> None:
-    """Tighten every request body's properties in place (components/schemas of the generated schema)."""
-    for body in schemas.values():
-        properties = body.get("properties", {})
-        _bound(properties.get("queries"), "array", maxItems=limits.max_questions)
-        _bound(_items(properties.get("queries")), "string", maxLength=limits.max_question_chars)
-        for name in ("max_tokens", "max_completion_tokens"):
-            _bound(properties.get(name), "integer", maximum=limits.max_tokens_cap)
-        _bound(properties.get("timeout_ms"), "integer", maximum=limits.max_timeout_ms)
-        for name in ("n", "best_of"):
-            _bound(properties.get(name), "integer", maximum=limits.max_questions)
-        for name in _TEXT_FIELDS:
-            _bound(properties.get(name), "string", maxLength=limits.max_question_chars)
-        if "temperature" in properties:
-            _exclude_tiny_temperatures(properties["temperature"])
+# Rules that join two fields, as JSON Schema's if/then: max_tokens 0 only to score the prompt.
+_SCORING_ONLY = {"QueryBody": "prompt_logprobs", "SubmitBody": "prompt_logprobs", "QuestionObject": "prompt_logprobs",
+                 "CompletionBody": "echo"}
+_ONE_OF = {"TokenizeBody": ("prompt", "messages")}  # exactly one of these keys
+
+
+def apply_limits(schema: dict[str, Any], limits: Limits) -> None:
+    """Tighten the request bodies (never a response) of a generated OpenAPI schema, in place."""
+    schemas = schema["components"]["schemas"]
+    for name in _request_components(schema):
+        body = schemas[name]
+        _bound_body(body, limits)
+        if name in _SCORING_ONLY:
+            body["if"] = {"properties": {"max_tokens": {"const": 0}}, "required": ["max_tokens"]}
+            body["then"] = {"properties": {_SCORING_ONLY[name]: {"const": True}}, "required": [_SCORING_ONLY[name]]}
+        if name in _ONE_OF:
+            body["oneOf"] = [{"required": [key]} for key in _ONE_OF[name]]
+
+
+def _request_components(schema: dict[str, Any]) -> set[str]:
+    """The components a request body refers to, directly or through another component."""
+    found: set[str] = set()
+    todo = [op.get("requestBody", {}) for path in schema.get("paths", {}).values() for op in path.values()
+            if isinstance(op, dict)]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+                name = ref.rsplit("/", 1)[1]
+                if name not in found:
+                    found.add(name)
+                    todo.append(schema["components"]["schemas"].get(name, {}))
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return found
+
+
+def _bound_body(body: dict[str, Any], limits: Limits) -> None:
+    properties = body.get("properties", {})
+    _bound(properties.get("queries"), "array", maxItems=limits.max_questions)
+    _bound(_items(properties.get("queries")), "string", maxLength=limits.max_question_chars)
+    for name in ("max_tokens", "max_completion_tokens"):
+        _bound(properties.get(name), "integer", maximum=limits.max_tokens_cap)
+    _bound(properties.get("timeout_ms"), "integer", maximum=limits.max_timeout_ms)
+    for name in ("n", "best_of"):
+        _bound(properties.get(name), "integer", maximum=limits.max_questions)
+    for name in _TEXT_FIELDS:
+        _bound(properties.get(name), "string", maxLength=limits.max_question_chars)
+    if "temperature" in properties:
+        _exclude_tiny_temperatures(properties["temperature"])
 
 
 def _bound(schema: dict[str, Any] | None, kind: str, **keywords: int) -> None:
