@@ -30,8 +30,9 @@ def apply_limits(schema: dict[str, Any], limits: Limits) -> None:
         if name in _SCORING_ONLY:
             body["if"] = {"properties": {"max_tokens": {"const": 0}}, "required": ["max_tokens"]}
             body["then"] = {"properties": {_SCORING_ONLY[name]: {"const": True}}, "required": [_SCORING_ONLY[name]]}
-        if name in _ONE_OF:
-            body["oneOf"] = [{"required": [key]} for key in _ONE_OF[name]]
+        if name in _ONE_OF:  # one of them set (not null), the other absent or null
+            body["oneOf"] = [{"required": [key], "properties": {k: {"type": "null"} for k in _ONE_OF[name] if k != key}
+                              | {key: {"not": {"type": "null"}}}} for key in _ONE_OF[name]]
 
 
 def _request_components(schema: dict[str, Any]) -> set[str]:
