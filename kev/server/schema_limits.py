@@ -19,6 +19,10 @@ _TEXT_FIELDS = ("text", "prompt", "system", "content")
 _SCORING_ONLY = {"QueryBody": "prompt_logprobs", "SubmitBody": "prompt_logprobs", "QuestionObject": "prompt_logprobs",
                  "CompletionBody": "echo"}
 _ONE_OF = {"TokenizeBody": ("prompt", "messages")}  # exactly one of these keys
+# The chat route refuses a chat whose every message is blank: at least one holds a non-space character (in a text part too).
+_SPOKEN = {"type": "string", "pattern": "\\S"}
+_SOME_MESSAGE_SAYS_SOMETHING = {"properties": {"content": {"anyOf": [
+    _SPOKEN, {"type": "array", "contains": {"properties": {"text": _SPOKEN}}}]}}}
 
 
 def apply_limits(schema: dict[str, Any], limits: Limits) -> None:
@@ -30,6 +34,8 @@ def apply_limits(schema: dict[str, Any], limits: Limits) -> None:
         if name in _SCORING_ONLY:
             body["if"] = {"properties": {"max_tokens": {"const": 0}}, "required": ["max_tokens"]}
             body["then"] = {"properties": {_SCORING_ONLY[name]: {"const": True}}, "required": [_SCORING_ONLY[name]]}
+        if name == "ChatCompletionBody":  # the Kev API answers a blank chat with that question's error result
+            body["properties"]["messages"]["contains"] = _SOME_MESSAGE_SAYS_SOMETHING
         if name in _ONE_OF:  # one of them set (not null), the other absent or null
             body["oneOf"] = [{"required": [key], "properties": {k: {"type": "null"} for k in _ONE_OF[name] if k != key}
                               | {key: {"not": {"type": "null"}}}} for key in _ONE_OF[name]]
@@ -68,6 +74,7 @@ def _bound_body(body: dict[str, Any], limits: Limits) -> None:
         _bound(properties.get(name), "string", maxLength=limits.max_question_chars)
     if "temperature" in properties:
         _exclude_tiny_temperatures(properties["temperature"])
+
 
 
 def _bound(schema: dict[str, Any] | None, kind: str, **keywords: int) -> None:
