@@ -19,7 +19,7 @@ _TEXT_FIELDS = ("text", "prompt", "system", "content")
 _SCORING_ONLY = {"QueryBody": "prompt_logprobs", "SubmitBody": "prompt_logprobs", "QuestionObject": "prompt_logprobs",
                  "CompletionBody": "echo"}
 _ONE_OF = {"TokenizeBody": ("prompt", "messages")}  # exactly one of these keys
-# The chat route refuses a chat whose every message is blank: at least one holds a non-space character (in a text part too).
+# The chat route refuses a chat whose every message is blank: one must hold a non-space character (a text part too).
 _SPOKEN = {"type": "string", "pattern": "\\S"}
 _SOME_MESSAGE_SAYS_SOMETHING = {"properties": {"content": {"anyOf": [
     _SPOKEN, {"type": "array", "contains": {"properties": {"text": _SPOKEN}}}]}}}
