@@ -110,7 +110,7 @@ class Cluster:
     def start_router(self, name: str = "router", extra: dict[str, Any] | None = None) -> ServerProcess:
         """`kev serve` on a free port; ready once it is connected to NATS."""
         config = merged(merged(self.config, {"deploy": {"nats_url": self.nats.url}}), extra or {})  # type: ignore[union-attr]
-        router = ServerProcess(config, self.workdir / name).start(timeout=180)
+        router = ServerProcess(config, self.workdir / name).start(timeout=600)
         self.routers[name] = router
         return router
 
@@ -118,7 +118,7 @@ class Cluster:
         role = self.roles[name] = Role(name, args, self.workdir / f"{name}.log").start()
         return role
 
-    def wait_workers(self, client: httpx.Client, names: set[str], timeout: float = 180.0) -> None:
+    def wait_workers(self, client: httpx.Client, names: set[str], timeout: float = 600.0) -> None:
         """Until the router hears every named worker's heartbeat (their models are loaded then)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
