@@ -70,7 +70,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_batch.router,
                    routes_ops.router, playground.router):
         app.include_router(router)
-    _document_served_model(app, service.model_name, service.limits)
+    _document_served_model(app, service.model_name, service.limits, config.isolation.level)
     # An uploaded file may be as large as batch.max_file_bytes; the route checks its exact size.
     app.add_middleware(GateMiddleware, api_key=api_key or config.server.api_key,
                        max_body_bytes=config.server.max_body_bytes, body_timeout_s=config.server.body_timeout_s,
@@ -79,7 +79,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     return app
 
 
-def _document_served_model(app: FastAPI, model_name: str, limits: Limits) -> None:
+def _document_served_model(app: FastAPI, model_name: str, limits: Limits, isolation_cap: str) -> None:
     """The OpenAI routes accept one model name; say which in the schema (FastAPI's documented override), with
     the server's limits (schema_limits)."""
     generate = app.openapi
@@ -89,7 +89,7 @@ def _document_served_model(app: FastAPI, model_name: str, limits: Limits) -> Non
             schemas = generate()["components"]["schemas"]
             for body in ("ChatCompletionBody", "CompletionBody"):
                 schemas[body]["properties"]["model"]["enum"] = [model_name]
-            apply_limits(app.openapi_schema, limits)  # type: ignore[arg-type]  # generate() has filled it
+            apply_limits(app.openapi_schema, limits, isolation_cap)  # type: ignore[arg-type]  # generate() has filled it
         return app.openapi_schema  # type: ignore[return-value]  # generate() above has filled it
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to adjust the schema

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from kev.config.schema import ISOLATION_ORDER
 from kev.server.api_models import MIN_TEMPERATURE
 from kev.server.limits import Limits
 
 _TEXT_FIELDS = ("text", "prompt", "system", "content")
 
 
-# Rules that join two fields, as JSON Schema's if/then: max_tokens 0 only to score the prompt.
-_SCORING_ONLY = {"QueryBody": "prompt_logprobs", "SubmitBody": "prompt_logprobs", "QuestionObject": "prompt_logprobs",
-                 "CompletionBody": "echo"}
+# Rules that join two fields, as JSON Schema's if/then: max_tokens 0 only to score the prompt. (Not on a Kev API
+# question object: one bad question is that question's error result in a 200, never the request's 4xx.)
+_SCORING_ONLY = {"QueryBody": "prompt_logprobs", "SubmitBody": "prompt_logprobs", "CompletionBody": "echo"}
 _ONE_OF = {"TokenizeBody": ("prompt", "messages")}  # exactly one of these keys
 # The chat route refuses a chat whose every message is blank: one must hold a non-space character (a text part too).
 _SPOKEN = {"type": "string", "pattern": "\\S"}
@@ -25,15 +26,21 @@ _SOME_MESSAGE_SAYS_SOMETHING = {"properties": {"content": {"anyOf": [
     _SPOKEN, {"type": "array", "contains": {"properties": {"text": _SPOKEN}}}]}}}
 
 
-def apply_limits(schema: dict[str, Any], limits: Limits) -> None:
+def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str) -> None:
     """Tighten the request bodies (never a response) of a generated OpenAPI schema, in place."""
     schemas = schema["components"]["schemas"]
+    levels = [level for level, rank in ISOLATION_ORDER.items() if rank <= ISOLATION_ORDER[isolation_cap]]
     for name in _request_components(schema):
         body = schemas[name]
         _bound_body(body, limits)
+        for branch in body.get("properties", {}).get("isolation", {}).get("anyOf", []):
+            if "enum" in branch:  # no looser than the configured isolation.level
+                branch["enum"] = [level for level in branch["enum"] if level in levels]
         if name in _SCORING_ONLY:
             body["if"] = {"properties": {"max_tokens": {"const": 0}}, "required": ["max_tokens"]}
             body["then"] = {"properties": {_SCORING_ONLY[name]: {"const": True}}, "required": [_SCORING_ONLY[name]]}
+        if name == "CompletionBody":
+            _bound_completion_prompt(body["properties"]["prompt"], limits)
         if name == "ChatCompletionBody":  # the Kev API answers a blank chat with that question's error result
             body["properties"]["messages"]["contains"] = _SOME_MESSAGE_SAYS_SOMETHING
         if name in _ONE_OF:  # one of them set (not null), the other absent or null
@@ -72,9 +79,18 @@ def _bound_body(body: dict[str, Any], limits: Limits) -> None:
         _bound(properties.get(name), "integer", maximum=limits.max_questions)
     for name in _TEXT_FIELDS:
         _bound(properties.get(name), "string", maxLength=limits.max_question_chars)
+    for branch in (properties.get("guided_choice") or {}).get("anyOf", []):
+        _bound(branch.get("items"), "string", minLength=1)
     if "temperature" in properties:
         _exclude_tiny_temperatures(properties["temperature"])
 
+
+def _bound_completion_prompt(prompt: dict[str, Any], limits: Limits) -> None:
+    """The completions route refuses an empty prompt, or an empty one in a list (the Kev API answers it with
+    that question's error result)."""
+    _bound(prompt, "string", minLength=1)
+    for branch in prompt.get("anyOf", []):
+        _bound(branch.get("items"), "string", minLength=1, maxLength=limits.max_question_chars)
 
 
 def _bound(schema: dict[str, Any] | None, kind: str, **keywords: int) -> None:
@@ -85,7 +101,8 @@ def _bound(schema: dict[str, Any] | None, kind: str, **keywords: int) -> None:
     for branch in branches:
         if branch.get("type") == kind:
             for keyword, value in keywords.items():
-                branch[keyword] = min(value, branch.get(keyword, value))
+                tighter = max if keyword.startswith("min") else min
+                branch[keyword] = tighter(value, branch.get(keyword, value))
 
 
 def _items(schema: dict[str, Any] | None) -> dict[str, Any] | None:
