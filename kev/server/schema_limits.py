@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kev.config.schema import ISOLATION_ORDER
-from kev.server.api_models import MIN_TEMPERATURE
+from kev.server.api_models import MAX_SEED, MIN_TEMPERATURE
 from kev.server.limits import Limits
 
 _TEXT_FIELDS = ("text", "prompt", "system", "content")
@@ -20,6 +20,8 @@ _TEXT_FIELDS = ("text", "prompt", "system", "content")
 # question object: one bad question is that question's error result in a 200, never the request's 4xx.)
 _SCORING_ONLY = {"QueryBody": "prompt_logprobs", "SubmitBody": "prompt_logprobs", "CompletionBody": "echo"}
 _ONE_OF = {"TokenizeBody": ("prompt", "messages")}  # exactly one of these keys
+_STRUCTURE_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar")
 # The chat route refuses a chat whose every message is blank: one must hold a non-space character (a text part too).
 _SPOKEN = {"type": "string", "pattern": "\\S"}
 _SOME_MESSAGE_SAYS_SOMETHING = {"properties": {"content": {"anyOf": [
@@ -36,9 +38,9 @@ def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str) -> 
         for branch in body.get("properties", {}).get("isolation", {}).get("anyOf", []):
             if "enum" in branch:  # no looser than the configured isolation.level
                 branch["enum"] = [level for level in branch["enum"] if level in levels]
-        if name in _SCORING_ONLY:
-            body["if"] = {"properties": {"max_tokens": {"const": 0}}, "required": ["max_tokens"]}
-            body["then"] = {"properties": {_SCORING_ONLY[name]: {"const": True}}, "required": [_SCORING_ONLY[name]]}
+        rules = _joint_rules(name, body.get("properties", {}))
+        if rules:
+            body["allOf"] = rules
         if name == "CompletionBody":
             _bound_completion_prompt(body["properties"]["prompt"], limits)
         if name == "ChatCompletionBody":  # the Kev API answers a blank chat with that question's error result
@@ -46,6 +48,24 @@ def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str) -> 
         if name in _ONE_OF:  # one of them set (not null), the other absent or null
             body["oneOf"] = [{"required": [key], "properties": {k: {"type": "null"} for k in _ONE_OF[name] if k != key}
                               | {key: {"not": {"type": "null"}}}} for key in _ONE_OF[name]]
+
+
+def _joint_rules(name: str, properties: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the route checks across fields, as JSON Schema: if/then, and at most one of a set."""
+    rules: list[dict[str, Any]] = []
+    if name in _SCORING_ONLY:  # max_tokens 0 only to score the prompt
+        scoring = _SCORING_ONLY[name]
+        rules.append({"if": {"properties": {"max_tokens": {"const": 0}}, "required": ["max_tokens"]},
+                      "then": {"properties": {scoring: {"const": True}}, "required": [scoring]}})
+    if "top_logprobs" in properties:  # needs logprobs: true
+        rules.append({"if": {"properties": {"top_logprobs": {"not": {"type": "null"}}}, "required": ["top_logprobs"]},
+                      "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}})
+    present = [field for field in _STRUCTURE_FIELDS if field in properties]
+    for i, first in enumerate(present):  # at most one structured-output field set
+        for second in present[i + 1:]:
+            rules.append({"not": {"required": [first, second], "properties": {
+                first: {"not": {"type": "null"}}, second: {"not": {"type": "null"}}}}})
+    return rules
 
 
 def _request_components(schema: dict[str, Any]) -> set[str]:
@@ -83,6 +103,7 @@ def _bound_body(body: dict[str, Any], limits: Limits) -> None:
         _bound(branch.get("items"), "string", minLength=1)
     if "temperature" in properties:
         _exclude_tiny_temperatures(properties["temperature"])
+    _bound(properties.get("seed"), "integer", maximum=MAX_SEED)  # exact: the generated one is a rounded float
 
 
 def _bound_completion_prompt(prompt: dict[str, Any], limits: Limits) -> None:
@@ -102,7 +123,7 @@ def _bound(schema: dict[str, Any] | None, kind: str, **keywords: int) -> None:
         if branch.get("type") == kind:
             for keyword, value in keywords.items():
                 tighter = max if keyword.startswith("min") else min
-                branch[keyword] = tighter(value, branch.get(keyword, value))
+                branch[keyword] = tighter(value, int(branch.get(keyword, value)))
 
 
 def _items(schema: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -234,7 +234,7 @@ def test_the_published_schema_holds_the_servers_limits() -> None:
     assert schemas["CompletionBody"]["properties"]["max_tokens"]["anyOf"][0]["maximum"] == 4
     assert schemas["QueryBody"]["properties"]["timeout_ms"]["anyOf"][0]["maximum"] == 5000
     assert "maxLength" not in schemas["ResultModel"]["properties"]["text"], "responses are not limited"
-    assert schemas["QueryBody"]["then"] == {"properties": {"prompt_logprobs": {"const": True}},
+    assert schemas["QueryBody"]["allOf"][0]["then"] == {"properties": {"prompt_logprobs": {"const": True}},
                                             "required": ["prompt_logprobs"]}  # max_tokens 0: scoring only
     temperature = schemas["QueryBody"]["properties"]["temperature"]["anyOf"]
     assert temperature[:2] == [{"type": "number", "enum": [0]}, {"type": "number", "maximum": 100.0, "minimum": 0.001}]
