@@ -83,6 +83,7 @@ class RequestBuilder:
         chat = ChatCompletionBody.model_validate(body)
         self._check(chat.model, chat.stream, chat.num_candidates, chat.max_completion_tokens or chat.max_tokens,
                     chat.timeout_ms)
+        self.limits.check_max_tokens(chat.max_tokens, "max_tokens")  # as the route: even beside max_completion_tokens
         chat.check_supported()
         messages = [m.to_engine() for m in chat.messages]
         self.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")

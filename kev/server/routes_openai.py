@@ -37,6 +37,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
                            service: KevService = Depends(get_service)) -> Response:
     _check_common(service, body.model, body.num_candidates, body.max_completion_tokens or body.max_tokens,
                   body.timeout_ms)
+    service.limits.check_max_tokens(body.max_tokens, "max_tokens")  # over the cap even beside max_completion_tokens
     body.check_supported()
     messages = [m.to_engine() for m in body.messages]
     service.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")

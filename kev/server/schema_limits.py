@@ -20,6 +20,8 @@ _TEXT_FIELDS = ("text", "prompt", "system", "content")
 # question object: one bad question is that question's error result in a 200, never the request's 4xx.)
 _SCORING_ONLY = {"QueryBody": "prompt_logprobs", "SubmitBody": "prompt_logprobs", "CompletionBody": "echo"}
 _ONE_OF = {"TokenizeBody": ("prompt", "messages")}  # exactly one of these keys
+# logit_bias keys are token ids; on a Kev API question object a bad key is that question's error result instead.
+_TOKEN_ID_KEYS = ("QueryBody", "SubmitBody", "ChatCompletionBody", "CompletionBody")
 _STRUCTURE_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
                      "guided_grammar")
 # The chat route refuses a chat whose every message is blank: one must hold a non-space character (a text part too).
@@ -41,6 +43,10 @@ def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str) -> 
         rules = _joint_rules(name, body.get("properties", {}))
         if rules:
             body["allOf"] = rules
+        if name in _TOKEN_ID_KEYS and "logit_bias" in body.get("properties", {}):
+            for branch in body["properties"]["logit_bias"].get("anyOf", [body["properties"]["logit_bias"]]):
+                if branch.get("type") == "object":
+                    branch["propertyNames"] = {"pattern": "^[0-9]+$"}  # token ids
         if name == "CompletionBody":
             _bound_completion_prompt(body["properties"]["prompt"], limits)
         if name == "ChatCompletionBody":  # the Kev API answers a blank chat with that question's error result
