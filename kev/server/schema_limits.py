@@ -51,6 +51,8 @@ def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str) -> 
             _bound_completion_prompt(body["properties"]["prompt"], limits)
         if name == "ChatCompletionBody":  # the Kev API answers a blank chat with that question's error result
             body["properties"]["messages"]["contains"] = _SOME_MESSAGE_SAYS_SOMETHING
+        if name == "StructuredOutputs":  # exactly one kind of constraint (its keys are the five kinds)
+            body["minProperties"] = body["maxProperties"] = 1
         if name in _ONE_OF:  # one of them set (not null), the other absent or null
             body["oneOf"] = [{"required": [key], "properties": {k: {"type": "null"} for k in _ONE_OF[name] if k != key}
                               | {key: {"not": {"type": "null"}}}} for key in _ONE_OF[name]]
