@@ -1,11 +1,14 @@
 """Result: what a user gets back for one question, with the audit fields of SPEC §4."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Status = Literal["ok", "timeout", "cancelled", "rejected", "error"]
 FinishReason = Literal["stop", "length", "timeout", "cancelled", "error"]
+# A question's own input at fault: its error begins with the field ("queries[2].structured_outputs: ...").
+_QUESTION_FIELD = re.compile(r"^(queries\[\d+\][\w.\[\]]*): ")
 
 
 @dataclass
@@ -23,6 +26,9 @@ class Result:
     finish_reason: FinishReason | None = None
     status: Status = "ok"
     error: str | None = None
+    # Set when the error is the caller's input (a 400 on the OpenAI routes): the question's field at fault, e.g.
+    # "queries[0].structured_outputs"; None for the engine's own failures (a 500 there).
+    error_field: str | None = None
     isolation: str = "strict"
     strategy: str = ""
     hash_bucket: int | None = None
@@ -52,3 +58,9 @@ class Result:
         data.pop("logits")
         data["tokens"] = self.tokens
         return data
+
+
+def question_field(error: str | None) -> str | None:
+    """The field a question's error names when the caller's input is at fault (Kev's own failures name none)."""
+    match = _QUESTION_FIELD.match(error or "")
+    return match.group(1) if match else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 import secrets
 from typing import Any
@@ -11,23 +10,19 @@ from typing import Any
 from kev.aggregator.result import Result
 from kev.batch.input_file import LineError
 from kev.batch.requests import BatchRequest
+from kev.server.answer_errors import answer_error, first_failure
 from kev.server.errors import error_body
 from kev.model.tokenizer import Tokenizer
 from kev.server.openai_format import Reply, best_of
-
-_QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
 
 
 def answer_record(request: BatchRequest, request_id: str, results: list[Result], model: str,
                   tokenizer: Tokenizer | None) -> dict[str, Any]:
     """The line for a finished request: the route's response body, or the route's error (a refused prompt: 400)."""
-    failed = next((r for r in results if r.status == "error"), None)
-    if failed is not None:
-        if failed.started_at is None and (failed.error or "").startswith("queries["):  # refused at submit
-            field, message = _refused_field(request, failed)
-            return response_record(request.custom_id, 400, error_body(400, f"{field}: {message}", field), request_id)
-        return response_record(request.custom_id, 500, error_body(500, f"the engine failed: {failed.error}", None),
-                               request_id)
+    failed = first_failure(results)
+    if failed is not None:  # the route's own rule: the caller's input a 400 naming the body field, else a 500
+        err = answer_error(failed, request.shape)
+        return response_record(request.custom_id, err.status_code, err.body(), request_id)
     prefix = "chatcmpl-" if request.kind == "chat" else "cmpl-"
     echo = None if request.echo is None else tuple(
         p if isinstance(p, str) else (tokenizer.decode(p, skip_special_tokens=False) if tokenizer else "")
@@ -37,20 +32,6 @@ def answer_record(request: BatchRequest, request_id: str, results: list[Result],
     if request.keep < request.n:
         results, reply = best_of(results, request.n, request.keep), dataclasses.replace(reply, n=request.keep)
     return response_record(request.custom_id, 200, reply.response(results, usage).model_dump(), request_id)
-
-
-def _refused_field(request: BatchRequest, failed: Result) -> tuple[str, str]:
-    """The body field a prompt refused at submit is about, and the message without the engine's prefix
-    (as the route says it)."""
-    error = failed.error or "invalid"
-    head = error.split(":", 1)[0]
-    field = "messages" if request.kind == "chat" else "prompt" if request.single_prompt else \
-        f"prompt[{failed.index // request.n}]"
-    if request.structure_field is not None and ".structured_outputs" in head:
-        field = request.structure_field
-    elif ".logit_bias" in head:
-        field = "logit_bias"
-    return field, _QUESTION_PREFIX.sub("", error)
 
 
 def response_record(custom_id: str, status_code: int, body: dict[str, Any], request_id: str | None) -> dict[str, Any]:
@@ -65,6 +46,10 @@ def invalid_record(err: LineError) -> dict[str, Any]:
     if err.custom_id is None:
         return {"id": new_id(), "custom_id": None, "response": None,
                 "error": {"code": "invalid_line", "message": str(err), "line": err.line_no}}
+    if err.field is not None and err.field.startswith("body."):  # the body's own fault: as the route says it
+        param = err.field.removeprefix("body.")
+        return response_record(err.custom_id, err.status_code, error_body(err.status_code, f"{param}: {err.message}",
+                                                                          param), None)
     return response_record(err.custom_id, err.status_code, error_body(err.status_code, str(err), err.field), None)
 
 

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from kev.batch.input_file import CHAT_URL, BatchLine, LineError
 from kev.config import KevConfig
-from kev.server.errors import ApiError, field_path
+from kev.server.answer_errors import BodyShape
+from kev.server.errors import ApiError, validation_error
 from kev.server.limits import Limits
 from kev.server.openai_format import Kind
 from kev.server.openai_models import ChatCompletionBody, CompletionBody
@@ -40,6 +42,11 @@ class BatchRequest:
     def custom_id(self) -> str:
         return self.line.custom_id
 
+    @property
+    def shape(self) -> BodyShape:
+        """How its questions map back to the body's fields (for errors named as the route names them)."""
+        return BodyShape(self.kind, self.n, self.single_prompt, self.structure_field)
+
 
 def served_model_name(config: KevConfig) -> str:
     """The model id the server answers to (as KevService names it)."""
@@ -61,12 +68,12 @@ class RequestBuilder:
         body = {"model": self.model_name, **self.defaults, **line.body}
         try:
             return self._chat(line, body) if line.url == CHAT_URL else self._completion(line, body)
-        except ValidationError as err:
-            problem = max(err.errors(), key=lambda p: len(p.get("loc", ())))
-            field = "body." + field_path(("body", *problem.get("loc", ())))
-            message = "is required" if problem.get("type") == "missing" else \
-                str(problem.get("msg", "invalid value")).removeprefix("Value error, ")
-            raise LineError(line.line_no, line.custom_id, field.removesuffix(".body"), message) from None
+        except ValidationError as invalid:  # the route's own wording and status (422) for the same problem
+            problems = [{**p, "loc": ("body", *p.get("loc", ()))} for p in invalid.errors()]
+            err = validation_error(RequestValidationError(problems))
+            field = f"body.{err.field}" if err.field != "body" else "body"
+            message = err.message.removeprefix(f"{err.field}: ")
+            raise LineError(line.line_no, line.custom_id, field, message, err.status_code) from None
         except ApiError as err:
             field = f"body.{err.field}" if err.field else "body"
             message = err.message.removeprefix(f"{err.field}: ") if err.field else err.message
@@ -76,6 +83,7 @@ class RequestBuilder:
         chat = ChatCompletionBody.model_validate(body)
         self._check(chat.model, chat.stream, chat.num_candidates, chat.max_completion_tokens or chat.max_tokens,
                     chat.timeout_ms)
+        self.limits.check_max_tokens(chat.max_tokens, "max_tokens")  # as the route: even beside max_completion_tokens
         chat.check_supported()
         chat.check_no_tools("a batch line")
         messages = [m.to_engine() for m in chat.messages]

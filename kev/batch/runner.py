@@ -21,7 +21,7 @@ from kev.batch.records import answer_record, response_record
 from kev.batch.requests import BatchRequest
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError
 from kev.server.bridge import EngineBridge
-from kev.server.errors import error_body
+from kev.server.errors import ApiError, error_body
 
 log = logging.getLogger("kev.batch")
 Emit = Callable[[BatchRequest, dict[str, Any]], None]
@@ -69,8 +69,9 @@ class BatchRunner:
         queries = merged_queries(group)
         try:
             request_id = await self._submit(queries, group[0][1].options, stop)
-        except InvalidRequestError as err:  # refused outright (e.g. an isolation level over the cap)
-            return [response_record(r.custom_id, 422, error_body(422, str(err), None), None) for _, r in group]
+        except InvalidRequestError as err:  # refused outright (e.g. an isolation level over the cap), as the route
+            return [response_record(r.custom_id, 422, ApiError.from_message(422, str(err)).body(), None)
+                    for _, r in group]
         if request_id is None:
             return None
         try:

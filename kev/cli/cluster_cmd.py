@@ -1,7 +1,9 @@
 """kev cluster up: a whole distributed deployment on this machine, for trying it out.
 
 nats-server (from this venv), one aggregator, --workers workers and one router (`kev serve`,
-the same HTTP API as single mode). Ctrl-C or SIGTERM stops them all, in order, and exits 0.
+the same HTTP API as single mode). A process that dies is reported at once and restarted with
+back-off. Ctrl-C or SIGTERM stops them all, in order, and exits 0.
+`kev cluster status --workdir DIR` lists each process, its state and its restarts.
 """
 from __future__ import annotations
 
@@ -24,9 +26,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--nats-port", type=int, default=0, help="nats-server's port (default: a free one)")
     up.add_argument("--threads", type=int, help="core.threads of each worker (CPU: cores / workers)")
     up.add_argument("--workdir", help="config, logs and JetStream storage (default: a new temporary folder)")
+    status = sub.add_parser("status", help="each process of a running `kev cluster up`: state, pid, restarts")
+    status.add_argument("--workdir", required=True, help="the folder `kev cluster up` printed")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "status":
+        return _status(Path(args.workdir))
+    return _up(args)
+
+
+def _status(workdir: Path) -> int:
+    from kev.distributed.supervisor import STATUS_FILE, read_status, status_table
+
+    if not (workdir / STATUS_FILE).exists():
+        raise KevError(f"--workdir: no {STATUS_FILE} in {workdir} (is `kev cluster up --workdir {workdir}` running?)")
+    print(status_table(read_status(workdir)))
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
     from kev.distributed.cluster import LocalCluster
 
     if args.workers < 1:
@@ -46,9 +65,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"kev cluster: router {cluster.url}, {args.workers} worker(s), aggregator, NATS {cluster.nats.url}"
               f"\n  logs and config in {workdir}\n  Ctrl-C to stop", flush=True)
         while not stop["asked"]:
-            for child in cluster.exited():
-                if child.name == "router":
-                    raise KevError(f"the router exited with {child.proc.returncode}; see {child.log_path}")
+            for event in cluster.supervise():
+                print(f"kev cluster: {event}", flush=True)
             time.sleep(0.2)
     finally:
         codes = cluster.down()

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     uvicorn_config = uvicorn.Config(
         app, host=config.server.host, port=config.server.port, log_level=args.log_level, log_config=None,
         timeout_graceful_shutdown=DrainingServer.timeout_for(grace),  # type: ignore[arg-type]  # float seconds work
-        http=guarded_h11(config.server.header_timeout_s), limit_concurrency=config.server.max_connections,
+        http=guarded_h11(config.server),  # server.max_connections and the slow-socket rules (not limit_concurrency)
         timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # uvicorn's stub says int; float works
         access_log=args.log_level == "debug")
     server = DrainingServer(uvicorn_config, app.state.service, grace)

@@ -58,6 +58,12 @@ class ServerConfig(BaseModel):
     header_timeout_s: float = Field(10.0, gt=0)
     body_timeout_s: float = Field(30.0, gt=0)
     max_connections: int = Field(512, ge=1)
+    # Slow or idle sockets cannot starve real clients (kev/server/connection_book.py): one client address holds at
+    # most max_connections_per_client connections (more: 503); connections that have not yet sent a whole request
+    # leave connection_reserve slots free (a new one evicts the longest waiting); the header and body deadlines
+    # shorten once the server is half full, to a tenth when full.
+    max_connections_per_client: int = Field(256, ge=1)
+    connection_reserve: int | None = Field(None, ge=0)  # None: an eighth of max_connections
     keep_alive_s: float = Field(5.0, gt=0)
     shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: in-flight requests may finish this long, then are cancelled
     access_log: bool = True  # one INFO line per request (id, questions, statuses, latency) on logger kev.access
@@ -76,3 +82,14 @@ class ServerConfig(BaseModel):
                 raise ValueError(f"server.api_keys: {name!r} is not a tenant name (letters, digits, '_', '.', '-', "
                                  "at most 64; 'operator' is the operator key's)")
         return keys
+
+    @property
+    def reserve_slots(self) -> int:
+        return self.max_connections // 8 if self.connection_reserve is None else self.connection_reserve
+
+    @model_validator(mode="after")
+    def _reserve_fits(self) -> ServerConfig:
+        if self.connection_reserve is not None and self.connection_reserve >= self.max_connections:
+            raise ValueError(f"server.connection_reserve ({self.connection_reserve}) must be less than "
+                             f"server.max_connections ({self.max_connections})")
+        return self

@@ -2,7 +2,9 @@
 
 Every child runs in its own session, so a Ctrl-C in the terminal reaches only the launcher,
 which then stops them in order: the router (no new work), the workers (they finish or hand
-back what they hold), the aggregator (it relays the last answers), NATS last.
+back what they hold), the aggregator (it relays the last answers), NATS last. Until then it
+supervises them (kev.distributed.supervisor): one that dies is reported at once and started
+again after its back-off; status.json in the workdir says where each stands.
 """
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from kev.config import ConfigSource, load_config
 from kev.distributed.nats_server import NatsServer
+from kev.distributed.supervisor import ProcessState, write_status
 from kev.errors import KevError
 from kev.server.tenants import Tenants
 
@@ -30,6 +35,8 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    args: list[str] = field(default_factory=list)  # `kev ...` arguments: what a restart runs again
+    state: ProcessState = field(default_factory=lambda: ProcessState("", None))
 
 
 @dataclass
@@ -43,6 +50,7 @@ class LocalCluster:
     worker_threads: int | None = None
     nats: NatsServer | None = None
     children: list[Child] = field(default_factory=list)
+    nats_state: ProcessState = field(default_factory=lambda: ProcessState("nats-server", None))
     _headers: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -52,6 +60,7 @@ class LocalCluster:
     def up(self, timeout: float = 300.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.nats = NatsServer(self.workdir / "nats", self.nats_port).start()
+        self.nats_state = ProcessState("nats-server", self.nats.proc.pid if self.nats.proc else None)
         config_path, api_key = self._write_config(self.nats.url)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         base = ["--config", str(config_path)]
@@ -61,6 +70,7 @@ class LocalCluster:
             self._spawn(f"worker{i}", ["worker", *base, "--partition", str(i), "--id", f"worker{i}", *threads])
         self._spawn("router", ["serve", *base, "--host", self.host, "--port", str(self.port)])
         self._wait_ready(timeout)
+        self.write_status()
 
     def _write_config(self, nats_url: str) -> tuple[Path, str | None]:
         config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url,
@@ -72,11 +82,52 @@ class LocalCluster:
         return path, Tenants.from_config(config.server).any_key()
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log_path = self.workdir / f"{name}.log"
-        with log_path.open("ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", *args], stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-        self.children.append(Child(name, proc, log_path))
+        proc = self._popen(name, args)
+        self.children.append(Child(name, proc, self.workdir / f"{name}.log", args, ProcessState(name, proc.pid)))
+
+    def _popen(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        with (self.workdir / f"{name}.log").open("ab") as out:
+            return subprocess.Popen([sys.executable, "-m", "kev.cli.main", *args], stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    def supervise(self) -> list[str]:
+        """Report what died and start again what has waited out its back-off: one line per event."""
+        now, events = time.time(), []
+        for child in self.children:
+            events += self._tend(child.state, child.proc.poll(), now, partial(self._restart_child, child))
+        if self.nats is not None:
+            code = self.nats.proc.poll() if self.nats.proc is not None else None
+            events += self._tend(self.nats_state, code, now, self._restart_nats)
+        if events:
+            self.write_status()
+        return events
+
+    def _tend(self, state: ProcessState, code: int | None, now: float, restart: Callable[[], int]) -> list[str]:
+        if state.state == "running" and code is not None:
+            delay = state.died(code, now)
+            return [f"{state.name} exited with {code}; restarting it in {delay:g} s"]
+        if state.state == "restarting" and state.restart_at is not None and now >= state.restart_at:
+            try:
+                pid = restart()
+            except KevError as err:  # it did not come up: back off further
+                delay = state.died(None, now)
+                return [f"{state.name} did not start ({err}); trying again in {delay:g} s"]
+            state.restarted(pid, now)
+            return [f"{state.name} restarted (pid {pid}; {state.restarts} restart(s) so far)"]
+        return []
+
+    def _restart_child(self, child: Child) -> int:
+        child.proc = self._popen(child.name, child.args)
+        return child.proc.pid
+
+    def _restart_nats(self) -> int:
+        assert self.nats is not None
+        self.nats.start()  # the same port and storage: streams and buckets come back as they were
+        assert self.nats.proc is not None
+        return self.nats.proc.pid
+
+    def write_status(self) -> None:
+        write_status(self.workdir, [c.state for c in self.children] + [self.nats_state])
 
     def _wait_ready(self, timeout: float) -> None:
         """The router answers /readyz and every worker has sent a heartbeat."""
@@ -115,4 +166,7 @@ class LocalCluster:
                     child.proc.wait(10)
         if self.nats is not None:
             self.nats.stop()
+        for state in [c.state for c in self.children] + [self.nats_state]:
+            state.state, state.pid = "stopped", None
+        self.write_status()
         return [c.proc.returncode for c in self.children]

@@ -7,6 +7,7 @@ questions come back by redelivery anyway.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,29 +20,34 @@ LIVE_PERIODS = 5
 @dataclass
 class WorkerDirectory:
     heartbeat_s: float
-    workers: dict[str, tuple[float, WorkerStatus]] = field(default_factory=dict)  # id -> (time.monotonic(), status)
+    workers: dict[str, tuple[float, WorkerStatus]] = field(default_factory=dict)  # id -> (clock(), status)
     # Every worker ever heard from, its latest status: cumulative counters (alerts, prefix cache) add up over
     # these, so a worker that leaves keeps its last count and a cluster-wide counter never goes down.
     seen: dict[str, WorkerStatus] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic  # what ages heartbeats (a test moves its own)
 
     def on_status(self, data: bytes) -> None:
         try:
             status = decode(WorkerStatus, data)
         except MalformedMessage:
             return
-        self.workers[status.worker] = (time.monotonic(), status)
+        self.workers[status.worker] = (self.clock(), status)
         self.seen[status.worker] = status
 
     def live(self) -> list[WorkerStatus]:
-        horizon = time.monotonic() - LIVE_PERIODS * self.heartbeat_s
+        horizon = self.clock() - LIVE_PERIODS * self.heartbeat_s
         for worker in [w for w, (at, _) in self.workers.items() if at < horizon]:
             del self.workers[worker]
         return sorted((s for _, s in self.workers.values()), key=lambda s: s.worker)
 
     def num_live(self) -> int:
         """How many workers are alive; unlike live(), it changes nothing (safe from another thread)."""
-        horizon = time.monotonic() - LIVE_PERIODS * self.heartbeat_s
-        return sum(at >= horizon for at, _ in list(self.workers.values()))
+        return len(self.live_names())
+
+    def live_names(self) -> set[str]:
+        """The workers alive now; like num_live, it changes nothing."""
+        horizon = self.clock() - LIVE_PERIODS * self.heartbeat_s
+        return {worker for worker, (at, _) in list(self.workers.items()) if at >= horizon}
 
     def live_partitions(self) -> set[int] | None:
         """Partitions a live worker pulls; None while no worker is heard from (then every partition

@@ -66,6 +66,16 @@ class RouterLink:
         return None
 
     @property
+    def notice(self) -> str | None:
+        """Ready, but short of workers: fewer heard from lately than deploy.workers (one died or is restarting)."""
+        live = self.directory.live_names()  # read from the server's thread: changes nothing
+        if len(live) >= self.deploy.workers:
+            return None
+        gone = sorted(set(list(self.directory.seen)) - live)
+        return (f"{len(live)} of deploy.workers={self.deploy.workers} workers live"
+                + (f"; not heard from lately: {', '.join(gone)}" if gone else ""))
+
+    @property
     def answers(self) -> KeyValue | None:
         return self.link.answers if self.link is not None else None
 

@@ -140,8 +140,8 @@ class Worker:
             for job in jobs:
                 job.fail(str(err))
         else:
-            for job in jobs:
-                job.engine_request_id = engine_request_id
+            for engine_index, job in enumerate(jobs):
+                job.engine_request_id, job.engine_index = engine_request_id, engine_index
             loop = asyncio.get_running_loop()
 
             def to_job(event: StreamEvent) -> None:  # on the engine's thread: hand off to the loop
@@ -204,9 +204,9 @@ class Worker:
         assert self.link is not None
         channels = await asyncio.to_thread(self.engine.channel_states)
         load = await asyncio.to_thread(self.engine.load)
-        items = {job.engine_request_id: job.item for job in self.jobs.values()}
-        for channel in channels:  # the caller's request and index, not the engine's own
-            if (item := items.get(channel["request_id"])) is not None:
+        items = {(job.engine_request_id, job.engine_index): job.item for job in self.jobs.values()}
+        for channel in channels:  # the caller's request and index, not the engine's own (one per question)
+            if (item := items.get((channel["request_id"], channel["index"]))) is not None:
                 channel["request_id"], channel["index"] = item.request_id, item.index
         status = WorkerStatus(worker=self.worker_id, partition=self.partition, capacity=self.capacity,
                               inflight=len(self.jobs), at=time.time(), host=socket.gethostname(), pid=os.getpid(),

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import nats.errors
 from nats.aio.msg import Msg
 
-from kev.aggregator.result import Result
+from kev.aggregator.result import Result, question_field
 from kev.distributed.messages import DeltaMessage, ResultMessage, WorkItem
 from kev.engine.request import StreamEvent
 
@@ -28,6 +28,7 @@ class Job:
     msg: Msg  # the latest delivery of the question: the one heartbeats and the ack go to
     worker: str
     engine_request_id: str | None = None
+    engine_index: int = 0  # its place in that engine request (a group of questions is one engine request)
     events: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
     chars: int = 0  # sent so far in this attempt (the deltas' offsets)
     tokens: int = 0
@@ -43,7 +44,7 @@ class Job:
         """The engine refused the question's options: that error is its answer."""
         now = time.time()
         error = Result(self.item.request_id, self.item.index, status="error", finish_reason="error", error=message,
-                       started_at=now, finished_at=now)
+                       error_field=question_field(message), started_at=now, finished_at=now)
         self.events.put_nowait(StreamEvent(0, None, "", [], True, error))
 
     def delta(self, event: StreamEvent) -> DeltaMessage:
@@ -59,6 +60,10 @@ class Job:
         """The engine's result as the cluster's: the caller's request_id and index, this worker, the router's
         routing."""
         item = self.item
+        if result.error_field is not None:  # the engine named the question by its place in this worker's group
+            at = f"queries[{item.index}]"
+            result.error = (result.error or "").replace(result.error_field.split("]", 1)[0] + "]", at, 1)
+            result.error_field = at + result.error_field.split("]", 1)[1]
         result.request_id, result.index, result.worker = item.request_id, item.index, self.worker
         result.strategy, result.rerouted = item.strategy or result.strategy, item.rerouted or result.rerouted
         started = result.started_at or result.finished_at

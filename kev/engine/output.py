@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kev.aggregator.audit_records import result_fields
-from kev.aggregator.result import Result
+from kev.aggregator.result import Result, question_field
 from kev.engine.logprobs import LogitRows, TokenTexts, prompt_entries, sampled_entry
 from kev.engine.question import ABORTED, Question
 from kev.engine.request import EventListener, Request, StreamEvent
@@ -161,7 +161,8 @@ class OutputProcessor:
             request_id=q.request_id, index=q.index, text=state.text, token_ids=list(q.output_ids),
             prompt_tokens=len(q.prompt_ids), completion_tokens=len(q.output_ids), channel_id=q.channel_id,
             elapsed_ms=round(elapsed, 3), started_at=q.started_at, finished_at=q.finished_at,
-            finish_reason=q.finish_reason, status=q.status, error=q.error, isolation=q.isolation,
+            finish_reason=q.finish_reason, status=q.status, error=q.error, error_field=question_field(q.error),
+            isolation=q.isolation,
             strategy=self.settings.strategy, original_text=q.original_text,
             numerics_fingerprint=self.settings.fingerprint,
             logits=torch.stack(state.logits) if state.logits and self.settings.record_logits else None,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import count
 
@@ -58,6 +58,9 @@ class Scheduler:
         self._arrival = count()
         self._request_parallel: dict[str, int] = {}  # request_id -> its max_parallel cap
         self._ended: list[QuestionOutput] = []  # finished between updates (deadline, alert): the next update has them
+        # The clock of channel time (entering a channel, tokens, deadlines, finishing): a test moves its own
+        # instead of waiting for deadlines to pass.
+        self.clock: Callable[[], float] = time.monotonic
 
     # --- requests and arrivals ----------------------------------------------------
     def open_request(self, request_id: str, max_parallel: int) -> None:
@@ -171,7 +174,7 @@ class Scheduler:
         for w in plan.work:
             w.seq.num_computed = w.start + w.length
         self.prefixes.finish_done()
-        now = time.monotonic()
+        now = self.clock()
         for row, (q, token) in enumerate(zip(plan.sampling, sampled_ids)):
             if q.is_finished:  # cancelled or timed out while the forward ran
                 continue
@@ -191,8 +194,8 @@ class Scheduler:
         """Stops decided by tokens; stop strings are the output processor's (it has the text)."""
         if q.grammar is not None:
             q.grammar.accept(token)
-            if q.grammar.error:  # never expected: the mask allowed only what it accepts
-                return "error", f"structured output failed: {q.grammar.error}"
+            if q.grammar.error:  # the caller's constraint led nowhere (the mask then allows only EOS)
+                return "error", q.grammar.dead_end(q.request_id, q.index, len(q.output_ids) - 1)
         if token in self.eos_ids and not q.sampling.ignore_eos:
             return "stop", None
         if q.grammar is not None and q.grammar.is_done:  # the constrained text is whole: nothing may follow
@@ -228,7 +231,7 @@ class Scheduler:
         return [self.finish(q, "error", message) for q in list(self.running)]
 
     def _expire_deadlines(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for q in [q for q in self.running if q.deadline is not None and now > q.deadline]:
             self._end(q, "timeout", f"timeout_ms passed after {len(q.output_ids)} tokens")
             self._ended.append(QuestionOutput(q, [], "timeout"))
@@ -239,7 +242,7 @@ class Scheduler:
         if question.is_finished:
             return
         question.phase, question.finish_reason, question.error = Phase.FINISHED, reason, error
-        question.finished_at, question.finished_mono = time.time(), time.monotonic()
+        question.finished_at, question.finished_mono = time.time(), self.clock()
         question.grammar = None  # the channel's grammar state goes with the question that held the channel
         if question in self.running:
             self.running.remove(question)
@@ -302,7 +305,7 @@ class Scheduler:
             self.blocks.promise(q.channel_id, self._max_tokens(q))
         if q.prefix is not None:
             self.prefixes.attach(q)
-        q.phase, q.started_at, q.started_mono = Phase.PREFILL, time.time(), time.monotonic()
+        q.phase, q.started_at, q.started_mono = Phase.PREFILL, time.time(), self.clock()
         self.running.append(q)
 
     def _start_shadow(self) -> None:

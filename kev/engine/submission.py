@@ -6,7 +6,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from kev.aggregator.result import Result
+from kev.aggregator.result import Result, question_field
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
 from kev.config.server_config import DEFAULT_TENANT, TENANT_NAME
@@ -98,10 +98,11 @@ def read_questions(queries: list[Any], request_id: str, options: SubmitOptions, 
             spec = parse_question(raw, index, options.defaults)
             normalized = normalize_question(spec, router.normalizer)
             prompt_ids = tokenize_question(spec, tokenizer, index, config.core.max_context, vocab_size)
-            grammar = _compile(spec, grammars, index)
+            grammar = _compile(spec, grammars, index, request_id)
             _check_bias(spec, index, vocab_size)
         except QuestionError as err:
             result = Result(request_id, index, status="error", finish_reason="error", error=str(err),
+                            error_field=question_field(str(err)),
                             isolation=options.isolation, original_text=raw if isinstance(raw, str) else None,
                             strategy=router.strategy_name)
             errors.append(RefusedQuestion(result, err))
@@ -119,10 +120,11 @@ def _check_bias(spec: QuestionSpec, index: int, vocab_size: int) -> None:
                             f"(0..{vocab_size - 1})")
 
 
-def _compile(spec: QuestionSpec, grammars: GrammarCompiler | None, index: int) -> CompiledGrammar | None:
+def _compile(spec: QuestionSpec, grammars: GrammarCompiler | None, index: int,
+             request_id: str) -> CompiledGrammar | None:
     if spec.structured_outputs is None or grammars is None:
         return None  # grammars None: a distributed router; the worker's engine compiles (and checks) it
-    return grammars.compile(spec.structured_outputs, f"queries[{index}].structured_outputs")
+    return grammars.compile(spec.structured_outputs, f"queries[{index}].structured_outputs", request_id)
 
 
 def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,

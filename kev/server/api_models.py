@@ -37,7 +37,7 @@ Stop = StopText | Annotated[list[StopText], Field(max_length=16)] | None
 
 class _Body(BaseModel):
     # strict: "8" is not a number and 1 is not a boolean; a wrong type is the caller's error, not ours to guess.
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # NaN: "a finite number"
 
 
 class StructuredOutputs(_Body):
@@ -87,7 +87,7 @@ class ChatMessage(_Body):
 class QuestionObject(_Sampling):
     """One question with its own overrides; exactly one of text, messages, prompt."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra={
         "oneOf": [{"required": ["text"]}, {"required": ["messages"]}, {"required": ["prompt"]},
                   {"required": ["prompt_ids"]}]})
 
@@ -167,6 +167,8 @@ class ResultModel(BaseModel):
     finish_reason: Literal["stop", "length", "timeout", "cancelled", "error"] | None
     status: Literal["ok", "timeout", "cancelled", "rejected", "error"]
     error: str | None
+    error_field: str | None = Field(None, description="the question's field at fault when the error is the caller's "
+                                    "input (e.g. queries[0].structured_outputs); null for the engine's own failure")
     isolation: str
     strategy: str
     hash_bucket: int | None = None

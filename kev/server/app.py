@@ -28,7 +28,9 @@ from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
 from kev.server.oplog import report_stats
+from kev.server.limits import Limits
 from kev.server.playground import routes as playground
+from kev.server.schema_limits import apply_limits
 from kev.server.service import KevService, served_model_name
 from kev.server.tenants import Tenants
 
@@ -70,7 +72,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_batch.router,
                    routes_ops.router, playground.router):
         app.include_router(router)
-    _document_served_model(app, service.model_name)
+    _document_served_model(app, service.model_name, service.limits, config.isolation.level)
     # An uploaded file may be as large as batch.max_file_bytes; the route checks its exact size.
     app.add_middleware(GateMiddleware, tenants=tenants,
                        max_body_bytes=config.server.max_body_bytes, body_timeout_s=config.server.body_timeout_s,
@@ -79,8 +81,9 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     return app
 
 
-def _document_served_model(app: FastAPI, model_name: str) -> None:
-    """The OpenAI routes accept one model name; say which in the schema (FastAPI's documented override)."""
+def _document_served_model(app: FastAPI, model_name: str, limits: Limits, isolation_cap: str) -> None:
+    """The OpenAI routes accept one model name; say which in the schema (FastAPI's documented override), with
+    the server's limits (schema_limits)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -88,6 +91,7 @@ def _document_served_model(app: FastAPI, model_name: str) -> None:
             schemas = generate()["components"]["schemas"]
             for body in ("ChatCompletionBody", "CompletionBody"):
                 schemas[body]["properties"]["model"]["enum"] = [model_name]
+            apply_limits(app.openapi_schema, limits, isolation_cap)  # type: ignore[arg-type]  # generate() has filled it
         return app.openapi_schema  # type: ignore[return-value]  # generate() above has filled it
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to adjust the schema

@@ -45,6 +45,11 @@ class Readiness(Protocol):
         """A service on the request path is down, so readiness fails, though new work still waits for it; or None."""
         ...
 
+    @property
+    def notice(self) -> str | None:
+        """Ready, but short of something worth saying in /health's detail (a cluster worker gone); or None."""
+        ...
+
 
 class EngineBridge:
     def __init__(self, engine: EngineAPI, metrics: ServerMetrics, max_threads: int,
@@ -68,6 +73,10 @@ class EngineBridge:
     @property
     def degraded(self) -> str | None:
         return self.readiness.degraded if self.readiness is not None else None
+
+    @property
+    def notice(self) -> str | None:
+        return self.readiness.notice if self.readiness is not None else None
 
     @property
     def failure(self) -> str | None:

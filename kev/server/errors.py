@@ -38,6 +38,10 @@ class ApiError(HTTPException):
         self.message, self.field = message, field
         self.error_type = error_type or _TYPES.get(status_code, "server_error")
 
+    def body(self) -> dict[str, Any]:
+        """The JSON body this error answers (also a batch line's, and a stream's error event)."""
+        return error_body(self.status_code, self.message, self.field, self.error_type)
+
     @classmethod
     def from_message(cls, status_code: int, message: str, **kwargs: Any) -> ApiError:
         """For engine messages that begin with their field name."""
@@ -51,8 +55,7 @@ def error_body(status_code: int, message: str, field: str | None, error_type: st
 
 
 def error_response(err: ApiError) -> JSONResponse:
-    body = error_body(err.status_code, err.message, err.field, err.error_type)
-    return JSONResponse(body, err.status_code, err.headers)
+    return JSONResponse(err.body(), err.status_code, err.headers)
 
 
 def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -71,7 +74,9 @@ def validation_error(err: RequestValidationError) -> ApiError:
     problems = err.errors()
     if not problems:
         return ApiError(422, "body: invalid request", "body")
-    problem = max(problems, key=lambda p: len(p.get("loc", ())))
+    # The deepest problem; at equal depth a rule the value broke beats a union branch whose type it is not
+    # (10,000 stop strings: "at most 16 items", not "should be a valid string").
+    problem = max(problems, key=lambda p: (len(p.get("loc", ())), not str(p.get("type", "")).endswith("_type")))
     if problem.get("type") == "json_invalid":
         detail = problem.get("ctx", {}).get("error", "malformed JSON")
         return ApiError(400, f"body: malformed JSON ({detail})", "body")

@@ -25,7 +25,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 class _OpenAIBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class TextPart(_OpenAIBody):
@@ -73,7 +73,8 @@ class ResponseFormat(_OpenAIBody):
 
 
 class _Sampling(_OpenAIBody):
-    model_config = ConfigDict(extra="allow", strict=True)  # kept only to refuse the UNSUPPORTED ones by name
+    # extra="allow": kept only to refuse the UNSUPPORTED ones by name
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: Text
     max_tokens: int | None = Field(None, ge=1)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +10,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kev.aggregator.result import Result
-from kev.server.errors import ApiError, error_body, error_responses
+from kev.server.answer_errors import BodyShape, answer_error, first_failure
+from kev.server.errors import ApiError, error_responses
 from kev.server.openai_format import Reply, best_of
 from kev.server.openai_models import (ChatCompletion, ChatCompletionBody, Completion, CompletionBody, ModelCard,
                                       ModelList)
@@ -26,8 +26,6 @@ from kev.server.tools.request import plan_tools
 
 router = APIRouter(tags=["openai"])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)
-_QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
-_TOKEN_INDEX = re.compile(r"^queries\[\d+\]\.prompt_ids\[(\d+)\]: ")
 
 
 @router.get("/v1/models", response_model=ModelList, responses=error_responses(401, 503),
@@ -45,6 +43,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
                            service: KevService = Depends(get_service)) -> Response:
     _check_common(service, body.model, body.num_candidates, body.max_completion_tokens or body.max_tokens,
                   body.timeout_ms)
+    service.limits.check_max_tokens(body.max_tokens, "max_tokens")  # over the cap even beside max_completion_tokens
     body.check_supported()
     service.limits.check_chars(sum(len(m.text) for m in body.messages), "messages")
     options = {**body.engine_options(body.max_completion_tokens or body.max_tokens), **body.logprob_options()}
@@ -108,13 +107,14 @@ async def _answer(service: KevService, request: Request, reply: Reply, queries: 
     tracked = await service.submit(queries, options, api, listen=stream, tenant=caller_of(request).tenant)
     prefix = "chatcmpl-" if reply.kind == "chat" else "cmpl-"
     reply = dataclasses.replace(reply, id=prefix + tracked.request_id)
+    shape = BodyShape(reply.kind, reply.n, single_prompt, structure_field)
     try:
-        _refuse_bad_prompts(await service.results(tracked.request_id), reply, structure_field, single_prompt)
+        _refuse_bad_prompts(await service.results(tracked.request_id), shape)
     except ApiError:
         service.release(tracked.request_id)
         raise
     if stream:
-        return StreamingResponse(_chunks(service, tracked, reply, len(queries), include_usage),
+        return StreamingResponse(_chunks(service, tracked, reply, shape, len(queries), include_usage),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
     try:
         if not await service.wait(tracked, request):
@@ -122,35 +122,23 @@ async def _answer(service: KevService, request: Request, reply: Reply, queries: 
         results = await service.results(tracked.request_id)
     finally:
         service.release(tracked.request_id)
-    failed = next((r for r in results if r.status == "error"), None)
-    if failed is not None:
-        raise ApiError(500, f"the engine failed: {failed.error}", None, "server_error")
+    _refuse_bad_prompts(results, shape)  # a constraint that led nowhere is found only while answering
     usage = reply.usage(results)  # every candidate's tokens count, as OpenAI bills best_of
     if keep is not None and keep < reply.n:
         results, reply = best_of(results, reply.n, keep), dataclasses.replace(reply, n=keep)
     return JSONResponse(reply.response(results, usage).model_dump())
 
 
-def _refuse_bad_prompts(results: list[Result], reply: Reply, structure_field: str | None, single_prompt: bool) -> None:
+def _refuse_bad_prompts(results: list[Result], shape: BodyShape) -> None:
     """A prompt the engine refused at submit (e.g. longer than core.max_context, a token id outside the
     vocabulary, a schema that does not compile) fails the whole call, as with OpenAI; the error names the body's
     field."""
-    failed = next((r for r in results if r.status == "error"), None)
-    if failed is None:
-        return
-    error = failed.error or "invalid"
-    field = "messages" if reply.kind == "chat" else "prompt" if single_prompt else f"prompt[{failed.index // reply.n}]"
-    if structure_field is not None and ".structured_outputs" in error.split(":", 1)[0]:
-        field = structure_field
-    elif ".logit_bias" in error.split(":", 1)[0]:
-        field = "logit_bias"
-    elif (token := _TOKEN_INDEX.match(error)) is not None and reply.kind == "text":
-        field += f"[{token.group(1)}]"  # the position of the id outside the vocabulary
-    message = _QUESTION_PREFIX.sub("", error)
-    raise ApiError(400, f"{field}: {message}", field)
+    failed = first_failure(results)
+    if failed is not None:
+        raise answer_error(failed, shape)
 
 
-async def _chunks(service: KevService, tracked: Tracked, reply: Reply, num_choices: int,
+async def _chunks(service: KevService, tracked: Tracked, reply: Reply, shape: BodyShape, num_choices: int,
                   include_usage: bool) -> AsyncIterator[str]:
     results: list[Result] = []
     try:
@@ -160,7 +148,7 @@ async def _chunks(service: KevService, tracked: Tracked, reply: Reply, num_choic
             if event.result is not None:
                 results.append(event.result)
                 if event.result.status == "error":
-                    yield sse(error_body(500, f"the engine failed: {event.result.error}", None))
+                    yield sse(answer_error(event.result, shape).body())
                     continue
             for delta in reply.event_chunks(event):
                 yield sse(delta)

@@ -32,8 +32,9 @@ async def healthz() -> Health:
                                                           **error_responses(401)},
             summary="Readiness: the model is loaded and the server takes requests (503 + Retry-After until then)")
 async def readyz(service: KevService = Depends(get_service)) -> JSONResponse:
-    if service.is_ready:
-        return JSONResponse(Health(status="ready", model=service.model_name).model_dump())
+    if service.is_ready:  # a cluster short of a worker is still ready: the detail says so
+        notice = service.backend.notice if service.backend is not None else None
+        return JSONResponse(Health(status="ready", model=service.model_name, detail=notice).model_dump())
     backend = service.backend
     state = ("draining" if service.is_draining else "failed" if service.load_error else "loading" if backend is None
              else "unavailable")

@@ -1,12 +1,15 @@
-"""Slow or stalled clients cannot hold connections (and file descriptors) forever.
+"""Slow or stalled clients cannot hold connections (and file descriptors) forever, nor starve real clients.
 
-uvicorn closes idle keep-alive connections (timeout_keep_alive) and caps connections
-(limit_concurrency: server.max_connections, a 503 beyond), but a client that never
-finishes its request headers is kept open for ever. guarded_h11(header_timeout_s) is
-uvicorn's h11 protocol with a header deadline: a connection still inside (or not yet at)
-its request headers after header_timeout_s gets a 408 and is closed. Authentication is
-checked only after the headers, so this is what stops an unauthenticated flood. The body
-deadline (server.body_timeout_s) is the gate middleware's: it reads every body anyway.
+uvicorn closes idle keep-alive connections (timeout_keep_alive), but a client that never
+finishes its request headers is kept open for ever. GuardedH11Protocol is uvicorn's h11
+protocol with a header deadline and a body deadline (a connection still inside, or not yet
+at, its request headers, or inside its body, past the deadline gets a 408 and is closed), and
+the admission rules of its server's ConnectionBook (kev.server.connection_book): a cap per
+client address, a reserve of slots for connections that have sent a whole request (a new
+connection evicts the one that has waited longest for its headers), and deadlines that
+tighten as the server fills. Authentication is checked only after the headers, so this is what
+stops an unauthenticated flood. The gate middleware keeps its own full body deadline
+(server.body_timeout_s); this one is that deadline shortened while the server is full.
 """
 from __future__ import annotations
 
@@ -16,54 +19,105 @@ import json
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from kev.config.server_config import ServerConfig
+from kev.server.connection_book import ConnectionBook
 from kev.server.errors import error_body
+
+REFUSAL_S = 1.0  # a refused connection gets its 503 when it sends its request, or after this long
 
 
 def timeout_response(message: str, field: str) -> bytes:
-    body = json.dumps(error_body(408, message, field, "timeout")).encode()
-    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    return _response(b"408 Request Timeout", error_body(408, message, field, "timeout"))
+
+
+def unavailable_response(message: str) -> bytes:
+    return _response(b"503 Service Unavailable", error_body(503, message, None), b"retry-after: 1\r\n")
+
+
+def _response(status: bytes, body_json: dict[str, object], extra: bytes = b"") -> bytes:
+    body = json.dumps(body_json).encode()
+    return (b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\n%s"
+            b"content-length: %d\r\n\r\n%s" % (status, extra, len(body), body))
 
 
 class GuardedH11Protocol(H11Protocol):
-    header_timeout_s = 10.0  # set by guarded_h11()
+    book: ConnectionBook  # set by guarded_h11(): one per server
+    header_timeout_s = 10.0
+    body_timeout_s = 30.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # h11 narrows it too
         super().connection_made(transport)
-        self._header_timer: asyncio.TimerHandle | None = None
-        self._arm()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_for: object | None = None  # the h11 state its deadline is for
+        self._refused = self.book.admit(self, self.client[0] if self.client else "unknown")
+        if self._refused is not None:
+            self._timer = self.loop.call_later(REFUSAL_S, self._refuse)
+            return
+        self._follow(h11.IDLE)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused is not None:  # its request has (begun to) arrive: answer it the 503
+            return self._refuse()
         super().data_received(data)
-        if self.conn.their_state is h11.IDLE:  # (a part of) the next request's headers, not all of them
-            self._arm()
-        else:
-            self._disarm()
+        self._follow(self.conn.their_state)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.book.close(self)
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+    def evict(self) -> None:
+        """The server is full and this connection has waited longest for a request that never came whole."""
+        self._disarm()
+        if not self.transport.is_closing():
+            self.transport.write(timeout_response(
+                "headers: not complete in time (evicted: the server is full of connections that have not sent a "
+                f"request; server.header_timeout_s={self.header_timeout_s:g})", "headers"))
+            self.transport.close()
+
+    def _follow(self, state: object) -> None:
+        """A deadline for the part of the request the client is sending now; none once a whole request is in."""
+        if state is h11.IDLE or state is h11.SEND_BODY:
+            if self._timer_for is not state:
+                self._disarm()
+                full = self.header_timeout_s if state is h11.IDLE else self.body_timeout_s
+                self._timer = self.loop.call_later(self.book.deadline(full), self._too_slow, state)
+                self._timer_for = state
+        else:
+            self._disarm()
+            self.book.sent_request(self)
 
     def _disarm(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_for = None, None
 
-    def _headers_too_slow(self) -> None:
-        self._header_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+    def _too_slow(self, state: object) -> None:
+        self._timer, self._timer_for = None, None
+        if self.transport.is_closing() or self.conn.their_state is not state:
             return
-        if self.cycle is not None and not self.cycle.response_complete:
-            return  # a response is still being written (pipelining): not the client's stall
-        self.transport.write(timeout_response(
-            f"headers: not complete within server.header_timeout_s={self.header_timeout_s:g}", "headers"))
+        if self.cycle is not None and (state is h11.IDLE and not self.cycle.response_complete
+                                       or state is h11.SEND_BODY and self.cycle.response_started):
+            return  # a response is being written (pipelining, or an early answer): not the client's stall
+        if state is h11.IDLE:
+            message, field = f"headers: not complete within server.header_timeout_s={self.header_timeout_s:g}", \
+                "headers"
+        else:
+            message, field = f"body: not complete within server.body_timeout_s={self.body_timeout_s:g}", "body"
+        if self.book.deadline(1.0) < 1.0:
+            message += " (shortened while the server is full)"
+        self.transport.write(timeout_response(message, field))
         self.transport.close()
 
+    def _refuse(self) -> None:
+        self._disarm()
+        if not self.transport.is_closing():
+            self.transport.write(unavailable_response(f"connection refused: {self._refused}"))
+            self.transport.close()
 
-def guarded_h11(header_timeout_s: float) -> type[GuardedH11Protocol]:
-    """uvicorn.Config(http=...) takes a class: one with this header deadline."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"header_timeout_s": header_timeout_s})
+
+def guarded_h11(server: ServerConfig) -> type[GuardedH11Protocol]:
+    """uvicorn.Config(http=...) takes a class: one with this server's deadlines and its own ConnectionBook."""
+    book = ConnectionBook(server.max_connections, server.max_connections_per_client, server.reserve_slots)
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {
+        "book": book, "header_timeout_s": server.header_timeout_s, "body_timeout_s": server.body_timeout_s})

@@ -5,6 +5,7 @@ config file; each can be SIGKILLed and started again by name.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 
 from kev.distributed.nats_server import NatsServer
+from kev.distributed.subjects import Topology
 from harness import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,7 +110,7 @@ class Cluster:
     def start_router(self, name: str = "router", extra: dict[str, Any] | None = None) -> ServerProcess:
         """`kev serve` on a free port; ready once it is connected to NATS."""
         config = merged(merged(self.config, {"deploy": {"nats_url": self.nats.url}}), extra or {})  # type: ignore[union-attr]
-        router = ServerProcess(config, self.workdir / name).start(timeout=180)
+        router = ServerProcess(config, self.workdir / name).start(timeout=600)
         self.routers[name] = router
         return router
 
@@ -115,7 +118,7 @@ class Cluster:
         role = self.roles[name] = Role(name, args, self.workdir / f"{name}.log").start()
         return role
 
-    def wait_workers(self, client: httpx.Client, names: set[str], timeout: float = 180.0) -> None:
+    def wait_workers(self, client: httpx.Client, names: set[str], timeout: float = 600.0) -> None:
         """Until the router hears every named worker's heartbeat (their models are loaded then)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -142,6 +145,23 @@ class Cluster:
         if self.nats is not None:
             self.nats.stop()
         return codes
+
+    def answers_waiting(self, request_id: str) -> int:
+        """Answers the workers published for a request into the results stream (JetStream keeps them there until
+        an aggregator takes them, and after)."""
+        assert self.nats is not None
+        topology = Topology("kev", self.config["deploy"]["workers"])
+        subject = topology.result_subject(request_id)
+
+        async def count() -> int:
+            connection = await nats.connect(self.nats.url)  # type: ignore[union-attr]
+            try:
+                info = await connection.jetstream().stream_info(topology.results_stream, subjects_filter=subject)
+                return (info.state.subjects or {}).get(subject, 0)
+            finally:
+                await connection.close()
+
+        return asyncio.run(count())
 
     def logs(self) -> str:
         return "\n".join(f"--- {n}\n{r.log()[-2000:]}" for n, r in self.roles.items())

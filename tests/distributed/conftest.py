@@ -18,7 +18,7 @@ SINGLE = {"router": {"strategy": "consistent_hash", "default_max_tokens": 8, "de
 
 @pytest.fixture(scope="session")
 def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
-    server = ServerProcess(SINGLE, tmp_path_factory.mktemp("kev-single")).start(timeout=180)
+    server = ServerProcess(SINGLE, tmp_path_factory.mktemp("kev-single")).start(timeout=600)
     with httpx.Client(base_url=server.url, timeout=300) as client:
         yield client
     server.terminate()

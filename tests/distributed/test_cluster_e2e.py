@@ -181,6 +181,30 @@ def test_channels_and_metrics_show_the_cluster(client: httpx.Client) -> None:
     assert wait_until(lambda: metric(client.get("/metrics").text, "kev_kv_blocks_total") == 2 * pool)
 
 
+def test_channels_show_each_question_of_a_grouped_request_at_its_own_index(client: httpx.Client) -> None:
+    """A worker answers the questions it pulls of one request as one engine request: /v1/channels shows each at
+    the caller's index (not one index for the whole group), on the worker that answers it."""
+    counting = [{"prompt": ", ".join(str(n) for n in range(i, i + 6)) + ","} for i in range(8)]  # goes on counting
+    body = {"queries": counting, "max_tokens": 48}
+    for _ in range(5):  # a request over before a heartbeat shows two of its questions on one worker: ask again
+        accepted = client.post("/v1/requests", json=body).json()
+        seen: set[tuple[str, int]] = set()
+        grouped, deadline = False, time.monotonic() + 300
+        while (status := client.get(accepted["location"]).json())["status"] != "done":
+            assert time.monotonic() < deadline, status
+            held = [(c["worker"], c["index"]) for c in client.get("/v1/channels").json()["channels"]
+                    if c["request_id"] == accepted["request_id"] and c["state"] != "idle"]
+            assert len(held) == len(set(held)), f"two channels show the same question: {held}"
+            seen |= set(held)
+            grouped |= any(sum(w == worker for w, _ in held) > 1 for worker, _ in held)
+            time.sleep(0.05)  # the poll's interval
+        answered_by = {r["index"]: r["worker"] for r in status["results"]}
+        assert all(answered_by[index] == worker for worker, index in seen), (seen, answered_by)
+        if grouped and {w for w, _ in seen} == {"worker0", "worker1"}:
+            return
+    raise AssertionError("no heartbeat showed a grouped request on both workers")
+
+
 def test_malformed_work_goes_to_dead_letters_and_the_worker_survives(cluster: Cluster, client: httpx.Client,
                                                                     reference: Callable[..., list]) -> None:
     reasons = asyncio.run(_publish_garbage_and_read_dead_letters(cluster.nats.url))  # type: ignore[union-attr]

@@ -39,6 +39,8 @@ def test_cluster_up_answers_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
         assert names == ["aggregator", "nats-server", "serve", "worker"], names
         response = httpx.post(f"http://127.0.0.1:{port}/v1/query", json={"queries": ["Say hi."]}, timeout=120)
         assert response.status_code == 200 and response.json()["results"][0]["status"] == "ok"
+        worker_restarts_after_a_kill(tmp_path, port, next(c for c in children if "worker" in c.cmdline()))
+        children = psutil.Process(launcher.pid).children()  # the restarted worker among them
         launcher.send_signal(signal.SIGINT)
         assert launcher.wait(120) == 0, (tmp_path / "launcher.log").read_text()
         assert "exit codes [0, 0, 0]" in (tmp_path / "launcher.log").read_text()
@@ -46,3 +48,32 @@ def test_cluster_up_answers_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def wait_for(predicate, timeout: float = 300.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
+    return value
+
+
+def worker_restarts_after_a_kill(tmp_path: Path, port: int, worker: psutil.Process) -> None:
+    """Issue 24: a worker that dies is reported at once (console and /health's detail), restarted with back-off,
+    and `kev cluster status` lists its restart."""
+    worker.kill()
+    log = tmp_path / "launcher.log"
+    wait_for(lambda: "worker0 exited with -9; restarting it in 1 s" in log.read_text(), 60)
+    gone = wait_for(lambda: "worker0" in (httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json().get("detail")
+                                          or ""), 120)
+    assert gone
+    wait_for(lambda: "worker0 restarted" in log.read_text(), 60)
+    wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json().get("detail") is None)
+    answered = httpx.post(f"http://127.0.0.1:{port}/v1/query", json={"queries": ["Say hi."]}, timeout=300)
+    assert answered.status_code == 200 and answered.json()["results"][0]["status"] == "ok"
+    status = subprocess.run([sys.executable, "-m", "kev.cli.main", "cluster", "status", "--workdir",
+                             str(tmp_path / "run")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+    row = next(line.split() for line in status.stdout.splitlines() if line.startswith("worker0"))
+    assert row[1] == "running" and row[3] == "1" and row[4] == "-9", status.stdout

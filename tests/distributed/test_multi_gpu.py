@@ -66,7 +66,7 @@ def test_streams_merge_and_cancel_is_immediate(replicas: ReplicaEngine) -> None:
 @pytest.mark.service
 def test_kev_serve_in_multi_gpu_mode_answers_as_single(tmp_path: Any, reference: Callable[..., list]) -> None:
     server = ServerProcess({**CONFIG, "core": {"threads": 1}, "router": {**CONFIG["router"], "default_max_tokens": 8}},
-                           tmp_path).start(timeout=180)
+                           tmp_path).start(timeout=600)
     try:
         with httpx.Client(base_url=server.url, timeout=300) as client:
             body = {"queries": QUESTIONS, "max_tokens": 5}

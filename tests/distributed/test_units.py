@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 
 import pytest
 from nats.aio.msg import Msg
@@ -152,7 +151,8 @@ def test_a_worker_answer_counts_its_waits_from_the_routers_submit() -> None:
 
 
 def test_cluster_counters_keep_a_gone_workers_count_and_gauges_drop_it() -> None:
-    directory = WorkerDirectory(heartbeat_s=0.01)
+    now = [0.0]
+    directory = WorkerDirectory(heartbeat_s=0.01, clock=lambda: now[0])
     for worker, used in (("w0", 3), ("w1", 5)):
         directory.on_status(WorkerStatus(worker=worker, partition=0, capacity=8, inflight=0, at=0.0,
                                          alerts={"shadow_mismatch": 1},
@@ -160,7 +160,7 @@ def test_cluster_counters_keep_a_gone_workers_count_and_gauges_drop_it() -> None
     load = directory.load()
     assert (load.kv_blocks_used, load.kv_blocks_total, load.num_running, load.prefix_hits) == (8, 200, 2, 8)
     assert load.prefix_by_tenant == {"a": (20, 8)}, "per-tenant prefix counters travel in the heartbeat"
-    time.sleep(0.1)  # both heartbeats are now older than LIVE_PERIODS x heartbeat_s: the workers are gone
+    now[0] += 0.1  # both heartbeats are now older than LIVE_PERIODS x heartbeat_s: the workers are gone
     load = directory.load()
     assert (load.kv_blocks_total, load.num_running, load.prefix_queries, load.prefix_hits) == (0, 0, 20, 8)
     assert directory.totals()[1] == {"shadow_mismatch": 2}, "a counter never goes down when a worker leaves"
@@ -177,3 +177,19 @@ def test_the_aggregator_and_placement_import_without_torch() -> None:
             "kev.cli.aggregator_cmd; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_supervision_backs_off_and_forgives_a_process_that_stayed_up(tmp_path) -> None:
+    from kev.distributed.supervisor import ProcessState, read_status, status_table, write_status
+
+    state = ProcessState("worker1", pid=10, started_at=0.0)
+    delays = []
+    for now in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0):  # dies again right after each restart
+        delays.append(state.died(-9, now))
+        state.restarted(pid=11, now=now + 0.5)
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0] and state.restarts == 7
+    assert state.died(-9, now=7.5 + 60) == 1.0, "up for a minute: its next death is a fresh one"
+    write_status(tmp_path, [state])
+    (read,) = read_status(tmp_path)
+    assert (read.name, read.state, read.restarts, read.last_exit) == ("worker1", "restarting", 7, -9)
+    assert status_table([read]).splitlines()[1].split() == ["worker1", "restarting", "-", "7", "-9"]

@@ -162,7 +162,8 @@ def test_a_broken_grammar_ends_its_own_question_only(make_engine):
     broken = engine.requests[rid].questions[1]
     broken.grammar.matcher.consume_token(engine.tokenizer.encode("zzz")[0])  # not allowed: the matcher errs
     results = engine.wait(rid, timeout=600)
-    assert results[1].status == "error" and "structured output failed" in results[1].error
+    assert results[1].status == "error" and results[1].error_field == "queries[1].structured_outputs"
+    assert results[1].error.startswith("queries[1].structured_outputs: the constraint allows no text after 0 tokens")
     alone = solo(engine, FREE[0], max_tokens=8)
     assert results[0].status == "ok" and results[0].token_ids == alone.token_ids
 

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ class ServerProcess:
     def log_path(self) -> Path:
         return self.workdir / "server.log"
 
-    def start(self, timeout: float = 120.0, ready: bool = True) -> ServerProcess:
+    def start(self, timeout: float = 600.0, ready: bool = True) -> ServerProcess:
         """Port 0 lets the OS pick a free port; we read the real one from uvicorn's log line.
 
         ready=False returns as soon as the server listens, while its model may still load."""
@@ -97,6 +97,22 @@ class ServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
+    """Poll predicate until it returns something truthy (returned); a generous deadline, never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not met within {timeout}s")
+
+
+def busy_channels(server: ServerProcess) -> int:
+    """Channels holding a question now (GET /v1/channels)."""
+    channels = httpx.get(f"{server.url}/v1/channels", headers=server.headers, timeout=30).json()["channels"]
+    return sum(c["state"] != "idle" for c in channels)
 
 
 def metric(text: str, name: str, **labels: str) -> float:

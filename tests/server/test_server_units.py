@@ -52,6 +52,16 @@ def test_validation_error_names_the_deepest_field(body: dict, field: str) -> Non
     assert err.message.startswith(f"{field}: ")
 
 
+@pytest.mark.parametrize(("body", "message"), [
+    ({"queries": ["a"], "temperature": float("nan")}, "temperature: Input should be a finite number"),
+    ({"queries": ["a"], "top_p": float("inf")}, "top_p: Input should be a finite number"),
+    ({"queries": ["a"], "stop": ["x"] * 10_000}, "stop: List should have at most 16 items"),
+])
+def test_validation_error_names_the_rule_broken(body: dict, message: str) -> None:
+    """Issue 24: NaN was told "should be <= 100", and 10,000 stop strings "should be a valid string"."""
+    assert error_for(body).message.startswith(message)
+
+
 def test_limits_name_field_and_limit() -> None:
     limits = Limits.from_config(kev.load_config({"server": {"max_questions": 2, "max_question_chars": 5,
                                                             "max_tokens_cap": 10},
@@ -207,3 +217,24 @@ def test_engine_refusals_map_to_http(error: Exception, status: int, field: str |
     assert (refused.value.status_code, refused.value.field) == (status, field)
     assert (refused.value.headers or {}).get("Retry-After") == retry_after
     assert service.registry.num_inflight == 0, "a refused submission gives its slot back"
+
+
+def test_the_published_schema_holds_the_servers_limits() -> None:
+    """Issue 24: the schema was looser than the server's checks (a schema-valid body refused)."""
+    from kev.server.app import build_app
+
+    config = kev.load_config({"server": {"max_questions": 3, "max_question_chars": 64, "max_tokens_cap": 4,
+                                         "max_timeout_ms": 5000}})
+    schemas = build_app(config).openapi()["components"]["schemas"]
+    queries = schemas["QueryBody"]["properties"]["queries"]
+    assert queries["maxItems"] == 3 and queries["items"]["oneOf"][0]["maxLength"] == 64
+    assert schemas["QuestionObject"]["properties"]["text"]["maxLength"] == 64
+    assert schemas["ChatMessage"]["properties"]["content"]["maxLength"] == 64
+    assert schemas["ChatCompletionBody"]["properties"]["n"]["maximum"] == 3
+    assert schemas["CompletionBody"]["properties"]["max_tokens"]["anyOf"][0]["maximum"] == 4
+    assert schemas["QueryBody"]["properties"]["timeout_ms"]["anyOf"][0]["maximum"] == 5000
+    assert "maxLength" not in schemas["ResultModel"]["properties"]["text"], "responses are not limited"
+    assert schemas["QueryBody"]["allOf"][0]["then"] == {"properties": {"prompt_logprobs": {"const": True}},
+                                            "required": ["prompt_logprobs"]}  # max_tokens 0: scoring only
+    temperature = schemas["QueryBody"]["properties"]["temperature"]["anyOf"]
+    assert temperature[:2] == [{"type": "number", "enum": [0]}, {"type": "number", "maximum": 100.0, "minimum": 0.001}]

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from harness import ServerProcess, read_sse
+from harness import ServerProcess, busy_channels, read_sse, wait_until
 
 pytestmark = pytest.mark.service
 
@@ -80,7 +79,8 @@ def test_sigterm_cancels_what_outlasts_the_grace_period_and_every_caller_hears_i
         plain = post_in_background(server, "/v1/query", {"queries": [COUNTING], "max_tokens": 2000})
         openai = post_in_background(server, "/v1/completions", {"model": "smollm2-135m-instruct", "max_tokens": 2000,
                                                                 "ignore_eos": True, **COUNTING})
-        time.sleep(1.0)  # both reach the engine (nothing below depends on how far they got)
+        # both reach the engine: the stream's 2 questions and one each (nothing below depends on how far they got)
+        wait_until(lambda: busy_channels(server) == 4, what="4 questions in their channels")
         server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         code = server.proc.wait(60)  # type: ignore[union-attr]
         for outcome in (stream, plain, openai):

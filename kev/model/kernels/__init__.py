@@ -3,6 +3,7 @@
 says so in its numerics fingerprint."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import threading
@@ -44,8 +45,6 @@ def _one_builder(folder: Path) -> Iterator[None]:
     """One process at a time builds or loads the kernels of a folder, under a lock that dies with its holder.
     torch's own `lock` file outlives a build that was killed, and every later load then waits on it forever:
     while holding ours, such a file can only be stale, so it goes."""
-    import fcntl
-
     with open(folder / "kev-build.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

@@ -1,0 +1,77 @@
+"""ConnectionBook: which connections are open, from where, and which have yet to send a whole request.
+
+Slow or idle sockets must not starve real clients (a flood of sockets that trickle their headers once
+filled server.max_connections and every real client got 503). Three rules, all decided here:
+  - one client address holds at most server.max_connections_per_client connections; more are refused (503);
+  - connections that have not yet sent a whole request may hold at most max_connections minus
+    server.connection_reserve slots: when they hold them all, a new connection evicts the one that has
+    waited longest (it gets its 408), so a real client, whose request arrives at once, always finds a slot;
+  - the header and body deadlines tighten as the server fills: the full deadline up to half full, then
+    shrinking linearly to a tenth of it when full.
+The protocol (kev.server.slow_clients) calls admit / sent_request / close; all of it runs on the event loop.
+"""
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+MIN_DEADLINE_SHARE = 0.1  # the share of a deadline left when the server is full
+
+
+class Evictable(Protocol):
+    def evict(self) -> None:
+        """Answer 408 (the server needs the slot) and close."""
+
+
+@dataclass
+class ConnectionBook:
+    max_connections: int
+    max_per_client: int
+    reserve: int  # slots only connections that have sent a whole request may use
+    clients: dict[Evictable, str] = field(default_factory=dict)  # every open connection -> its client address
+    per_client: Counter[str] = field(default_factory=Counter)
+    waiting: OrderedDict[Evictable, None] = field(default_factory=OrderedDict)  # no whole request yet; oldest first
+    num_evicted: int = 0
+    num_refused: int = 0
+
+    def admit(self, connection: Evictable, client: str) -> str | None:
+        """None when the connection may stay (it is then booked); otherwise why it is refused (a 503)."""
+        if self.per_client[client] >= self.max_per_client:
+            self.num_refused += 1
+            return (f"{self.per_client[client]} connections from {client} are open; the limit is "
+                    f"server.max_connections_per_client={self.max_per_client}")
+        if len(self.waiting) >= self.max_connections - self.reserve:
+            self._evict_oldest()
+        if len(self.clients) >= self.max_connections:
+            self.num_refused += 1
+            return (f"{len(self.clients)} connections are open; the limit is "
+                    f"server.max_connections={self.max_connections}")
+        self.clients[connection] = client
+        self.per_client[client] += 1
+        self.waiting[connection] = None
+        return None
+
+    def sent_request(self, connection: Evictable) -> None:
+        """It sent a whole request: from now on it may use the reserve, and is never evicted."""
+        self.waiting.pop(connection, None)
+
+    def close(self, connection: Evictable) -> None:
+        self.waiting.pop(connection, None)
+        client = self.clients.pop(connection, None)
+        if client is not None:
+            self.per_client[client] -= 1
+            if self.per_client[client] <= 0:
+                del self.per_client[client]
+
+    def deadline(self, full_s: float) -> float:
+        """full_s as the server's fill allows: all of it up to half full, a tenth of it when full."""
+        fill = len(self.clients) / self.max_connections
+        share = 1.0 if fill <= 0.5 else max(MIN_DEADLINE_SHARE, 1.0 - (fill - 0.5) * 2 * (1 - MIN_DEADLINE_SHARE))
+        return full_s * share
+
+    def _evict_oldest(self) -> None:
+        oldest = next(iter(self.waiting))
+        self.close(oldest)  # its slot is free now, not when its socket has closed
+        self.num_evicted += 1
+        oldest.evict()

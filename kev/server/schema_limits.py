@@ -1,0 +1,153 @@
+"""The server's limits (config `server:`), written into the published OpenAPI schema where a JSON Schema keyword
+can say them, so a request the schema accepts is one the server accepts (issue 24, point 5).
+
+The request models hold the limits that never change; these depend on the config: questions per request,
+characters per question, the max_tokens cap, the timeout cap. What no keyword can say (a sum of
+characters over several messages, prompts x n) stays the server's own check.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kev.config.schema import ISOLATION_ORDER
+from kev.server.api_models import MAX_SEED, MIN_TEMPERATURE
+from kev.server.limits import Limits
+
+_TEXT_FIELDS = ("text", "prompt", "system", "content")
+
+
+# Rules that join two fields, as JSON Schema's if/then: max_tokens 0 only to score the prompt. (Not on a Kev API
+# question object: one bad question is that question's error result in a 200, never the request's 4xx.)
+_SCORING_ONLY = {"QueryBody": "prompt_logprobs", "SubmitBody": "prompt_logprobs", "CompletionBody": "echo"}
+_ONE_OF = {"TokenizeBody": ("prompt", "messages")}  # exactly one of these keys
+# logit_bias keys are token ids; on a Kev API question object a bad key is that question's error result instead.
+_TOKEN_ID_KEYS = ("QueryBody", "SubmitBody", "ChatCompletionBody", "CompletionBody")
+_STRUCTURE_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar")
+# The chat route refuses a chat whose every message is blank: one must hold a non-space character (a text part too).
+_SPOKEN = {"type": "string", "pattern": "\\S"}
+_SOME_MESSAGE_SAYS_SOMETHING = {"properties": {"content": {"anyOf": [
+    _SPOKEN, {"type": "array", "contains": {"properties": {"text": _SPOKEN}}}]}}}
+
+
+def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str) -> None:
+    """Tighten the request bodies (never a response) of a generated OpenAPI schema, in place."""
+    schemas = schema["components"]["schemas"]
+    levels = [level for level, rank in ISOLATION_ORDER.items() if rank <= ISOLATION_ORDER[isolation_cap]]
+    for name in _request_components(schema):
+        body = schemas[name]
+        _bound_body(body, limits)
+        for branch in body.get("properties", {}).get("isolation", {}).get("anyOf", []):
+            if "enum" in branch:  # no looser than the configured isolation.level
+                branch["enum"] = [level for level in branch["enum"] if level in levels]
+        rules = _joint_rules(name, body.get("properties", {}))
+        if rules:
+            body["allOf"] = rules
+        if name in _TOKEN_ID_KEYS and "logit_bias" in body.get("properties", {}):
+            for branch in body["properties"]["logit_bias"].get("anyOf", [body["properties"]["logit_bias"]]):
+                if branch.get("type") == "object":
+                    branch["propertyNames"] = {"pattern": "^[0-9]+$"}  # token ids
+        if name == "CompletionBody":
+            _bound_completion_prompt(body["properties"]["prompt"], limits)
+        if name == "ChatCompletionBody":  # the Kev API answers a blank chat with that question's error result
+            body["properties"]["messages"]["contains"] = _SOME_MESSAGE_SAYS_SOMETHING
+        if name == "StructuredOutputs":  # exactly one kind of constraint (its keys are the five kinds)
+            body["minProperties"] = body["maxProperties"] = 1
+        if name in _ONE_OF:  # one of them set (not null), the other absent or null
+            body["oneOf"] = [{"required": [key], "properties": {k: {"type": "null"} for k in _ONE_OF[name] if k != key}
+                              | {key: {"not": {"type": "null"}}}} for key in _ONE_OF[name]]
+
+
+def _joint_rules(name: str, properties: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the route checks across fields, as JSON Schema: if/then, and at most one of a set."""
+    rules: list[dict[str, Any]] = []
+    if name in _SCORING_ONLY:  # max_tokens 0 only to score the prompt
+        scoring = _SCORING_ONLY[name]
+        rules.append({"if": {"properties": {"max_tokens": {"const": 0}}, "required": ["max_tokens"]},
+                      "then": {"properties": {scoring: {"const": True}}, "required": [scoring]}})
+    if "top_logprobs" in properties:  # needs logprobs: true
+        rules.append({"if": {"properties": {"top_logprobs": {"not": {"type": "null"}}}, "required": ["top_logprobs"]},
+                      "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}})
+    present = [field for field in _STRUCTURE_FIELDS if field in properties]
+    for i, first in enumerate(present):  # at most one structured-output field set
+        for second in present[i + 1:]:
+            rules.append({"not": {"required": [first, second], "properties": {
+                first: {"not": {"type": "null"}}, second: {"not": {"type": "null"}}}}})
+    return rules
+
+
+def _request_components(schema: dict[str, Any]) -> set[str]:
+    """The components a request body refers to, directly or through another component."""
+    found: set[str] = set()
+    todo = [op.get("requestBody", {}) for path in schema.get("paths", {}).values() for op in path.values()
+            if isinstance(op, dict)]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+                name = ref.rsplit("/", 1)[1]
+                if name not in found:
+                    found.add(name)
+                    todo.append(schema["components"]["schemas"].get(name, {}))
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return found
+
+
+def _bound_body(body: dict[str, Any], limits: Limits) -> None:
+    properties = body.get("properties", {})
+    _bound(properties.get("queries"), "array", maxItems=limits.max_questions)
+    _bound(_items(properties.get("queries")), "string", maxLength=limits.max_question_chars)
+    for name in ("max_tokens", "max_completion_tokens"):
+        _bound(properties.get(name), "integer", maximum=limits.max_tokens_cap)
+    _bound(properties.get("timeout_ms"), "integer", maximum=limits.max_timeout_ms)
+    for name in ("n", "best_of"):
+        _bound(properties.get(name), "integer", maximum=limits.max_questions)
+    for name in _TEXT_FIELDS:
+        _bound(properties.get(name), "string", maxLength=limits.max_question_chars)
+    for branch in (properties.get("guided_choice") or {}).get("anyOf", []):
+        _bound(branch.get("items"), "string", minLength=1)
+    if "temperature" in properties:
+        _exclude_tiny_temperatures(properties["temperature"])
+    _bound(properties.get("seed"), "integer", maximum=MAX_SEED)  # exact: the generated one is a rounded float
+
+
+def _bound_completion_prompt(prompt: dict[str, Any], limits: Limits) -> None:
+    """The completions route refuses an empty prompt, or an empty one in a list (the Kev API answers it with
+    that question's error result)."""
+    _bound(prompt, "string", minLength=1)
+    for branch in prompt.get("anyOf", []):
+        _bound(branch.get("items"), "string", minLength=1, maxLength=limits.max_question_chars)
+
+
+def _bound(schema: dict[str, Any] | None, kind: str, **keywords: int) -> None:
+    """Set keywords on the schema, or on each anyOf / oneOf branch of that type (never loosening one)."""
+    if schema is None:
+        return
+    branches = schema.get("anyOf") or schema.get("oneOf") or [schema]
+    for branch in branches:
+        if branch.get("type") == kind:
+            for keyword, value in keywords.items():
+                tighter = max if keyword.startswith("min") else min
+                branch[keyword] = tighter(value, int(branch.get(keyword, value)))
+
+
+def _items(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if schema is None else schema.get("items")
+
+
+def _exclude_tiny_temperatures(schema: dict[str, Any]) -> None:
+    """0 (greedy) or at least MIN_TEMPERATURE: what the validator accepts, as two number branches."""
+    branches = schema.get("anyOf") or [schema]
+    for i, branch in enumerate(branches):
+        if branch.get("type") == "number":
+            greedy = {"type": "number", "enum": [0]}
+            sampled = {**branch, "minimum": MIN_TEMPERATURE}
+            if "anyOf" in schema:
+                schema["anyOf"][i:i + 1] = [greedy, sampled]
+            else:
+                schema.clear()
+                schema["anyOf"] = [greedy, sampled]
+            return
