@@ -46,7 +46,7 @@ def start_server(workdir: Path, rounds: int) -> tuple[subprocess.Popen[bytes], s
     log = (workdir / "server.log").open("wb")
     env = {**os.environ, "PYTHONPATH": str(REPO), "KEV_BENCH_OPERATOR": "key-operator"}
     proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "serve", "--config", str(workdir / "kev.yaml"),
-                             "--port", "0"], env=env, stdout=log, stderr=subprocess.STDOUT)
+                             "--port", "0"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if (found := re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", (workdir / "server.log").read_text())):
