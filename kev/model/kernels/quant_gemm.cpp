@@ -1,0 +1,396 @@
+// Block-quantized weights × per-row int8 activations (core.precision gguf and w8a8): y = x Wᵀ (+ b), every row's
+// bits independent of the other rows, of the thread count and of the instruction set used.
+//
+// Weights (model/quant_weight.py packs them): blocks of 16 output columns × 32 k, as GGUF's Q8_0 / Q4_0 / Q4_1
+// blocks hold them: quants (Q8: int8; Q4: 0..15, two per byte), one fp16 scale d per column and block (Q4_1: and
+// an fp16 min m; w8a8: no d, one fp32 scale per column applied to the finished sum). Inside a block the quants are
+// laid out as vpdpbusd reads them: 16 columns × 4 consecutive k per 64 bytes (Q4: the low nibbles of 64 bytes are
+// one such step, the high nibbles the next).
+//
+// Activations: each row is quantized on its own, in blocks of 32 (as llama.cpp's q8_0 / q8_1): dx = max|x| / 127,
+// q = round-to-nearest-even(x · (1 / dx)), and the block's sum of q. So a row's quantization depends on that row
+// alone.
+//
+// One output element (row m, column n) is, with isum the exact int32 dot product of block b:
+//   acc = 0; for b in order: acc = acc + (float(isum_b) · d[n,b]) · dx[m,b];  Q4_1: acc = acc + m[n,b] · sx[m,b]
+// (sx = dx · float(sum q); each · and + a separately rounded fp32 operation, never fused), then · scale[n] (w8a8),
+// + bias[n]. isum is an integer, so whichever instructions produce it (vpdpbusd on 512 or 256 bits, vpmaddubsw +
+// vpmaddwd on AVX2, float64 matmul in torch's fallback) it is the same number, and the fp32 steps are the same
+// operations in the same order: the same bits on every path, at every M and thread count, by construction.
+//
+// This file is compiled with the other kernels under -march=native; #pragma GCC optimize keeps the compiler from
+// contracting the mul + add above into an FMA (which would round once instead of twice).
+#pragma GCC optimize("fp-contract=off")
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define KEV_QUANT_AVX2 1
+#else
+#define KEV_QUANT_AVX2 0
+#endif
+#if KEV_QUANT_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define KEV_QUANT_AVX512 1
+#else
+#define KEV_QUANT_AVX512 0
+#endif
+
+namespace kev {
+namespace {
+
+constexpr int kCols = 16;     // output columns per packed block
+constexpr int kBlockK = 32;   // k per quant block
+constexpr int kMaxRows = 4;   // rows per register tile
+
+enum Kind : int64_t { kQ8 = 0, kQ4 = 1, kQ4Min = 2 };  // Q4: q - 8 (Q4_0); Q4Min: d·q + m (Q4_1)
+enum Path : int64_t { kAuto = 0, kAvx512 = 1, kAvx2 = 2 };
+
+// One row quantized: q (int8) and q + 128 (as bytes, for Q8 weights where the activation is vpdpbusd's unsigned
+// side), per block the scale, the sum of q and the scaled sum.
+struct RowsQ {
+  std::vector<int8_t> q;
+  std::vector<uint8_t> u;
+  std::vector<float> dx, sx;
+  std::vector<int32_t> qsum;
+};
+
+// Scalar on purpose: the rounding (nearbyint under the default round-to-nearest-even mode) and the divisions must be
+// exactly what the torch fallback does, and quantizing is O(M·K) against the GEMM's O(M·N·K).
+void quantize_row(const float* x, int64_t k, int8_t* q, uint8_t* u, float* dx, float* sx, int32_t* qsum) {
+  for (int64_t b = 0; b < k / kBlockK; ++b) {
+    const float* xb = x + b * kBlockK;
+    float amax = 0.0f;
+    for (int i = 0; i < kBlockK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < kBlockK; ++i) {
+      const float scaled = xb[i] * id;
+      const int32_t v = static_cast<int32_t>(std::nearbyint(scaled));
+      q[b * kBlockK + i] = static_cast<int8_t>(v);
+      u[b * kBlockK + i] = static_cast<uint8_t>(v + 128);
+      sum += v;
+    }
+    dx[b] = d;
+    qsum[b] = sum;
+    sx[b] = d * static_cast<float>(sum);
+  }
+}
+
+RowsQ quantize_rows(const at::Tensor& x) {
+  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlockK;
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const float* xp = xf.data_ptr<float>();
+  RowsQ r;
+  r.q.resize(rows * k), r.u.resize(rows * k);
+  r.dx.resize(rows * blocks), r.sx.resize(rows * blocks), r.qsum.resize(rows * blocks);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      quantize_row(xp + m * k, k, r.q.data() + m * k, r.u.data() + m * k, r.dx.data() + m * blocks,
+                   r.sx.data() + m * blocks, r.qsum.data() + m * blocks);
+  });
+  return r;
+}
+
+struct Weights {
+  const uint8_t* qs;      // [col blocks][k blocks][512 (Q8) | 256 (Q4)]
+  const uint16_t* d;      // [col blocks][k blocks][16] fp16, or null (w8a8)
+  const uint16_t* m;      // Q4Min: [col blocks][k blocks][16] fp16
+  const int16_t* wsum;    // Q8: [col blocks][k blocks][16] sum of the block's quants
+  const float* scale;     // w8a8: per column, padded; else null
+  const float* bias;      // padded, or null
+  Kind kind;
+  int64_t kblocks, out_features;
+  int64_t block_bytes() const { return kind == kQ8 ? 512 : 256; }
+};
+
+struct Acts {
+  const RowsQ* r;
+  int64_t k, kblocks;
+};
+
+#if KEV_QUANT_AVX512
+// Register tile: MR rows × NB column blocks, every k block in order.
+template <int NB, int MR>
+void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+  __m512 acc[MR][NB];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const RowsQ& rq = *a.r;
+  for (int64_t b = 0; b < a.kblocks; ++b) {
+    for (int j = 0; j < NB; ++j) {
+      const int64_t cell = (block0 + j) * a.kblocks + b;
+      const uint8_t* qs = w.qs + cell * w.block_bytes();
+      __m512i isum[MR];
+      for (int r = 0; r < MR; ++r) isum[r] = _mm512_setzero_si512();
+      if (w.kind == kQ8) {  // (q + 128) · w, then - 128 · sum w
+        for (int s = 0; s < 8; ++s) {
+          const __m512i wv = _mm512_loadu_si512(qs + s * 64);
+          for (int r = 0; r < MR; ++r) {
+            int32_t xs;
+            std::memcpy(&xs, rq.u.data() + (row0 + r) * a.k + b * kBlockK + s * 4, 4);
+            isum[r] = _mm512_dpbusd_epi32(isum[r], _mm512_set1_epi32(xs), wv);
+          }
+        }
+        const __m512i ws = _mm512_slli_epi32(
+            _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.wsum + cell * kCols))), 7);
+        for (int r = 0; r < MR; ++r) isum[r] = _mm512_sub_epi32(isum[r], ws);
+      } else {  // q (0..15, unsigned side) · x
+        for (int g = 0; g < 4; ++g) {
+          const __m512i raw = _mm512_loadu_si512(qs + g * 64);
+          const __m512i lo = _mm512_and_si512(raw, low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+          for (int r = 0; r < MR; ++r) {
+            int32_t x0, x1;
+            const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
+            std::memcpy(&x0, xr, 4), std::memcpy(&x1, xr + 4, 4);
+            isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(x0));
+            isum[r] = _mm512_dpbusd_epi32(isum[r], hi, _mm512_set1_epi32(x1));
+          }
+        }
+        if (w.kind == kQ4)
+          for (int r = 0; r < MR; ++r)
+            isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8));
+      }
+      const __m512 dw = w.d ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + cell * kCols)))
+                            : _mm512_setzero_ps();
+      for (int r = 0; r < MR; ++r) {
+        __m512 f = _mm512_cvtepi32_ps(isum[r]);
+        if (w.d) f = _mm512_mul_ps(f, dw);
+        f = _mm512_mul_ps(f, _mm512_set1_ps(rq.dx[(row0 + r) * a.kblocks + b]));
+        acc[r][j] = _mm512_add_ps(acc[r][j], f);
+      }
+      if (w.kind == kQ4Min) {
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m + cell * kCols)));
+        for (int r = 0; r < MR; ++r)
+          acc[r][j] = _mm512_add_ps(acc[r][j], _mm512_mul_ps(mw, _mm512_set1_ps(rq.sx[(row0 + r) * a.kblocks + b])));
+      }
+    }
+  }
+  for (int j = 0; j < NB; ++j) {
+    const int64_t col = (block0 + j) * kCols, left = w.out_features - col;
+    if (left <= 0) break;
+    const __mmask16 mask = left >= kCols ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    for (int r = 0; r < MR; ++r) {
+      __m512 v = acc[r][j];
+      if (w.scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scale + col));
+      if (w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + col));
+      _mm512_mask_storeu_ps(out + (row0 + r) * w.out_features + col, mask, v);
+    }
+  }
+}
+#endif
+
+#if KEV_QUANT_AVX2
+// Four signed-byte products summed per int32 lane: vpdpbusd where AVX-VNNI exists, else vpmaddubsw + vpmaddwd (no
+// saturation here: the unsigned side is at most 15 for Q4 and 128 (|w|) for Q8, the signed side at most 127).
+inline __m256i dot4(__m256i acc, __m256i u8, __m256i s8) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u8, s8);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+#endif
+}
+
+// The same tile on 256 bits: each 16-column block is two halves of 8 columns, each half the same sums.
+template <int NB, int MR>
+void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+  __m256 acc[MR][2 * NB];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 2 * NB; ++j) acc[r][j] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const RowsQ& rq = *a.r;
+  for (int64_t b = 0; b < a.kblocks; ++b) {
+    for (int j = 0; j < 2 * NB; ++j) {
+      const int64_t cell = (block0 + j / 2) * a.kblocks + b, half = (j % 2) * 32;
+      const uint8_t* qs = w.qs + cell * w.block_bytes() + half;
+      __m256i isum[MR];
+      for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
+      if (w.kind == kQ8) {  // |w| · (x with w's sign): the plain sum x · w
+        for (int s = 0; s < 8; ++s) {
+          const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + s * 64));
+          const __m256i wabs = _mm256_sign_epi8(wv, wv);
+          for (int r = 0; r < MR; ++r) {
+            int32_t xs;
+            std::memcpy(&xs, rq.q.data() + (row0 + r) * a.k + b * kBlockK + s * 4, 4);
+            isum[r] = dot4(isum[r], wabs, _mm256_sign_epi8(_mm256_set1_epi32(xs), wv));
+          }
+        }
+      } else {
+        for (int g = 0; g < 4; ++g) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 64));
+          const __m256i lo = _mm256_and_si256(raw, low4);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+          for (int r = 0; r < MR; ++r) {
+            int32_t x0, x1;
+            const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
+            std::memcpy(&x0, xr, 4), std::memcpy(&x1, xr + 4, 4);
+            isum[r] = dot4(isum[r], lo, _mm256_set1_epi32(x0));
+            isum[r] = dot4(isum[r], hi, _mm256_set1_epi32(x1));
+          }
+        }
+        if (w.kind == kQ4)
+          for (int r = 0; r < MR; ++r)
+            isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8));
+      }
+      const int64_t at = cell * kCols + (j % 2) * 8;
+      const __m256 dw = w.d ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + at)))
+                            : _mm256_setzero_ps();
+      for (int r = 0; r < MR; ++r) {
+        __m256 f = _mm256_cvtepi32_ps(isum[r]);
+        if (w.d) f = _mm256_mul_ps(f, dw);
+        f = _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[(row0 + r) * a.kblocks + b]));
+        acc[r][j] = _mm256_add_ps(acc[r][j], f);
+      }
+      if (w.kind == kQ4Min) {
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m + at)));
+        for (int r = 0; r < MR; ++r)
+          acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(mw, _mm256_set1_ps(rq.sx[(row0 + r) * a.kblocks + b])));
+      }
+    }
+  }
+  for (int j = 0; j < 2 * NB; ++j) {
+    const int64_t col = (block0 + j / 2) * kCols + (j % 2) * 8;
+    const int64_t left = std::min<int64_t>(8, w.out_features - col);
+    if (left <= 0) break;
+    for (int r = 0; r < MR; ++r) {
+      __m256 v = acc[r][j];
+      if (w.scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(w.scale + col));
+      if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + col));
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, v);
+      std::memcpy(out + (row0 + r) * w.out_features + col, tmp, left * sizeof(float));
+    }
+  }
+}
+#endif
+
+using TileFn = void (*)(const Weights&, const Acts&, int64_t, int64_t, float*);
+
+// The tile for (column blocks, rows) on a path; null when the path is not built.
+TileFn pick_tile(Path path, int nb, int mr) {
+#define KEV_TILES(fn)                                                                                  \
+  {                                                                                                    \
+    static const TileFn table[4][kMaxRows] = {{fn<1, 1>, fn<1, 2>, fn<1, 3>, fn<1, 4>},               \
+                                              {fn<2, 1>, fn<2, 2>, fn<2, 3>, fn<2, 4>},               \
+                                              {fn<3, 1>, fn<3, 2>, fn<3, 3>, fn<3, 4>},               \
+                                              {fn<4, 1>, fn<4, 2>, fn<4, 3>, fn<4, 4>}};              \
+    return table[nb - 1][mr - 1];                                                                      \
+  }
+#if KEV_QUANT_AVX512
+  if (path == kAvx512) KEV_TILES(tile512)
+#endif
+#if KEV_QUANT_AVX2
+  if (path == kAvx2) KEV_TILES(tile256)
+#endif
+#undef KEV_TILES
+  (void)nb, (void)mr;
+  return nullptr;
+}
+
+Path best_path() {
+#if KEV_QUANT_AVX512
+  return kAvx512;
+#elif KEV_QUANT_AVX2
+  return kAvx2;
+#else
+  return kAuto;
+#endif
+}
+
+}  // namespace
+
+// x: [M, K] bf16 / fp32 (K a multiple of 32); the packed weight as above. Returns fp32 [M, out_features].
+// path: 0 the best built, 1 AVX-512 VNNI, 2 AVX2 (tests force each to compare their bits).
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const c10::optional<at::Tensor>& d,
+                        const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& wsum,
+                        const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& bias, int64_t kind,
+                        int64_t out_features, int64_t path) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % kBlockK == 0,
+              "kev::quant_linear: x must be a contiguous [rows, K] matrix with K a multiple of 32");
+  TORCH_CHECK(kind >= kQ8 && kind <= kQ4Min, "kev::quant_linear: kind must be 0 (Q8), 1 (Q4) or 2 (Q4 with min)");
+  const int64_t kblocks = x.size(1) / kBlockK, block_bytes = kind == kQ8 ? 512 : 256;
+  TORCH_CHECK(qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.dim() == 3 && qs.size(1) == kblocks &&
+                  qs.size(2) == block_bytes && qs.size(0) * kCols >= out_features,
+              "kev::quant_linear: packed quants must be uint8 [column blocks, K/32, ", block_bytes, "]");
+  const auto ptr = [](const c10::optional<at::Tensor>& t) { return t && t->defined() ? t->data_ptr() : nullptr; };
+  TORCH_CHECK(kind != kQ8 || ptr(wsum), "kev::quant_linear: Q8 weights need their block sums");
+  TORCH_CHECK(kind != kQ4Min || ptr(m), "kev::quant_linear: Q4 with min needs the mins");
+  const Path chosen = path == kAuto ? best_path() : static_cast<Path>(path);
+  TORCH_CHECK(pick_tile(chosen, 1, 1) != nullptr, "kev::quant_linear: path ", path, " is not built on this CPU");
+  const Weights w{qs.data_ptr<uint8_t>(), static_cast<const uint16_t*>(ptr(d)), static_cast<const uint16_t*>(ptr(m)),
+                  static_cast<const int16_t*>(ptr(wsum)), static_cast<const float*>(ptr(scale)),
+                  static_cast<const float*>(ptr(bias)), static_cast<Kind>(kind), kblocks, out_features};
+  const int64_t rows = x.size(0), blocks = (out_features + kCols - 1) / kCols;
+  auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
+  if (rows == 0) return out;
+  const RowsQ rq = quantize_rows(x);
+  const Acts a{&rq, x.size(1), kblocks};
+  float* op = out.data_ptr<float>();
+  // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (block_bytes * kblocks * (1 + rows / 4)));
+  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end;) {
+      const int nb = static_cast<int>(std::min<int64_t>(4, end - block));
+      for (int64_t row0 = 0; row0 < rows; row0 += kMaxRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, rows - row0));
+        pick_tile(chosen, nb, mr)(w, a, row0, block, op);
+      }
+      block += nb;
+    }
+  });
+  return out;
+}
+
+// Names of the paths built here, best first ("avx512-vnni", "avx2" or "avx2-vnni"); empty: torch's fallback.
+std::vector<std::string> quant_linear_paths() {
+  std::vector<std::string> paths;
+#if KEV_QUANT_AVX512
+  paths.emplace_back("avx512-vnni");
+#endif
+#if KEV_QUANT_AVX2
+#if defined(__AVXVNNI__)
+  paths.emplace_back("avx2-vnni");
+#else
+  paths.emplace_back("avx2");
+#endif
+#endif
+  return paths;
+}
+
+// The activation quantization alone (tests and the torch fallback's check): (q int8 [M, K], dx fp32 [M, K/32]).
+std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % kBlockK == 0,
+              "kev::quantize_activations: x must be a contiguous [rows, K] matrix with K a multiple of 32");
+  const RowsQ rq = quantize_rows(x);
+  auto q = at::empty({x.size(0), x.size(1)}, x.options().dtype(at::kChar));
+  auto dx = at::empty({x.size(0), x.size(1) / kBlockK}, x.options().dtype(at::kFloat));
+  std::memcpy(q.data_ptr<int8_t>(), rq.q.data(), rq.q.size());
+  std::memcpy(dx.data_ptr<float>(), rq.dx.data(), rq.dx.size() * sizeof(float));
+  return {q, dx};
+}
+
+}  // namespace kev
+
+TORCH_LIBRARY_FRAGMENT(kev, m) {
+  m.def("quant_linear(Tensor x, Tensor qs, Tensor? d, Tensor? m, Tensor? wsum, Tensor? scale, Tensor? bias, "
+        "int kind, int out_features, int path=0) -> Tensor");
+  m.def("quant_linear_paths() -> str[]", &kev::quant_linear_paths);
+  m.def("quantize_activations(Tensor x) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(kev, CPU, m) {
+  m.impl("quant_linear", &kev::quant_linear);
+  m.impl("quantize_activations", &kev::quantize_activations);
+}
