@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="1,4,8,16", help="numbers of questions, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per question (EOS ignored)")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face batch path")
-    parser.add_argument("--compare-precision", choices=["fp32", "bf16", "int8"],
+    parser.add_argument("--compare-precision", choices=["fp32", "bf16", "int8", "w8a8", "gguf"],
                         help="also run Kev at this core.precision (its own weights) at every N, side by side")
     parser.add_argument("--no-invariance-cost", action="store_true",
                         help="skip the non-invariant Kev run that prices batch invariance")

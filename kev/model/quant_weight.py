@@ -28,11 +28,13 @@ class Kind(IntEnum):
     Q4_MIN = 2
 
 
-@cache
 def kernel_paths() -> tuple[str, ...]:
-    """The kernel's instruction-set paths built on this CPU, best first; () where the kernels are not loaded."""
-    if not hasattr(torch.ops.kev, "quant_linear_paths"):
-        return ()
+    """The kernel's instruction-set paths built on this CPU, best first; () where the kernels are not loaded (yet)."""
+    return _built_paths() if hasattr(torch.ops.kev, "quant_linear_paths") else ()
+
+
+@cache
+def _built_paths() -> tuple[str, ...]:
     return tuple(torch.ops.kev.quant_linear_paths())
 
 
