@@ -51,6 +51,7 @@ namespace {
 constexpr int kCols = 16;     // output columns per packed block
 constexpr int kBlockK = 32;   // k per quant block
 constexpr int kMaxRows = 4;   // rows per register tile
+constexpr int kMaxBlocks = 8; // column blocks per register tile
 
 enum Kind : int64_t { kQ8 = 0, kQ4 = 1, kQ4Min = 2 };  // Q4: q - 8 (Q4_0); Q4Min: d·q + m (Q4_1)
 enum Path : int64_t { kAuto = 0, kAvx512 = 1, kAvx2 = 2 };
@@ -120,7 +121,9 @@ struct Acts {
 };
 
 #if KEV_QUANT_AVX512
-// Register tile: MR rows × NB column blocks, every k block in order.
+// Register tile: MR rows × NB column blocks, every k block in order. Within a k block all MR × NB integer sums are
+// independent chains (integer addition is exact, so how the 8 steps are chained cannot change a sum); the fp32
+// steps then run per element in the fixed order described above.
 template <int NB, int MR>
 void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
   __m512 acc[MR][NB];
@@ -128,45 +131,60 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
     for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const RowsQ& rq = *a.r;
+  const int64_t bytes = w.block_bytes();
   for (int64_t b = 0; b < a.kblocks; ++b) {
-    for (int j = 0; j < NB; ++j) {
-      const int64_t cell = (block0 + j) * a.kblocks + b;
-      const uint8_t* qs = w.qs + cell * w.block_bytes();
-      __m512i isum[MR];
-      for (int r = 0; r < MR; ++r) isum[r] = _mm512_setzero_si512();
-      if (w.kind == kQ8) {  // (q + 128) · w, then - 128 · sum w
-        for (int s = 0; s < 8; ++s) {
-          const __m512i wv = _mm512_loadu_si512(qs + s * 64);
-          for (int r = 0; r < MR; ++r) {
-            int32_t xs;
-            std::memcpy(&xs, rq.u.data() + (row0 + r) * a.k + b * kBlockK + s * 4, 4);
-            isum[r] = _mm512_dpbusd_epi32(isum[r], _mm512_set1_epi32(xs), wv);
-          }
+    __m512i isum[MR][NB];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_setzero_si512();
+    const uint8_t* qs = w.qs + (block0 * a.kblocks + b) * bytes;
+    const int64_t stride = a.kblocks * bytes;  // to the next column block's cell of this k block
+    if (w.kind == kQ8) {  // (q + 128) · w, then - 128 · sum w
+      for (int s = 0; s < 8; ++s) {
+        __m512i xs[MR];
+        for (int r = 0; r < MR; ++r) {
+          int32_t v;
+          std::memcpy(&v, rq.u.data() + (row0 + r) * a.k + b * kBlockK + s * 4, 4);
+          xs[r] = _mm512_set1_epi32(v);
         }
-        const __m512i ws = _mm512_slli_epi32(
-            _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.wsum + cell * kCols))), 7);
-        for (int r = 0; r < MR; ++r) isum[r] = _mm512_sub_epi32(isum[r], ws);
-      } else {  // q (0..15, unsigned side) · x
-        for (int g = 0; g < 4; ++g) {
-          const __m512i raw = _mm512_loadu_si512(qs + g * 64);
+        for (int j = 0; j < NB; ++j) {
+          const __m512i wv = _mm512_loadu_si512(qs + j * stride + s * 64);
+          for (int r = 0; r < MR; ++r) isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], xs[r], wv);
+        }
+      }
+      for (int j = 0; j < NB; ++j) {
+        const int16_t* ws = w.wsum + ((block0 + j) * a.kblocks + b) * kCols;
+        const __m512i c = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws))), 7);
+        for (int r = 0; r < MR; ++r) isum[r][j] = _mm512_sub_epi32(isum[r][j], c);
+      }
+    } else {  // q (0..15, unsigned side) · x
+      for (int g = 0; g < 4; ++g) {
+        int32_t x0[MR], x1[MR];
+        for (int r = 0; r < MR; ++r) {
+          const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
+          std::memcpy(&x0[r], xr, 4), std::memcpy(&x1[r], xr + 4, 4);
+        }
+        for (int j = 0; j < NB; ++j) {
+          const __m512i raw = _mm512_loadu_si512(qs + j * stride + g * 64);
           const __m512i lo = _mm512_and_si512(raw, low4);
           const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
           for (int r = 0; r < MR; ++r) {
-            int32_t x0, x1;
-            const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
-            std::memcpy(&x0, xr, 4), std::memcpy(&x1, xr + 4, 4);
-            isum[r] = _mm512_dpbusd_epi32(isum[r], lo, _mm512_set1_epi32(x0));
-            isum[r] = _mm512_dpbusd_epi32(isum[r], hi, _mm512_set1_epi32(x1));
+            isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], lo, _mm512_set1_epi32(x0[r]));
+            isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], hi, _mm512_set1_epi32(x1[r]));
           }
         }
-        if (w.kind == kQ4)
-          for (int r = 0; r < MR; ++r)
-            isum[r] = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8));
       }
+      if (w.kind == kQ4)
+        for (int r = 0; r < MR; ++r) {
+          const __m512i c = _mm512_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8);
+          for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_sub_epi32(isum[r][j], c);
+        }
+    }
+    for (int j = 0; j < NB; ++j) {
+      const int64_t cell = (block0 + j) * a.kblocks + b;
       const __m512 dw = w.d ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + cell * kCols)))
                             : _mm512_setzero_ps();
       for (int r = 0; r < MR; ++r) {
-        __m512 f = _mm512_cvtepi32_ps(isum[r]);
+        __m512 f = _mm512_cvtepi32_ps(isum[r][j]);
         if (w.d) f = _mm512_mul_ps(f, dw);
         f = _mm512_mul_ps(f, _mm512_set1_ps(rq.dx[(row0 + r) * a.kblocks + b]));
         acc[r][j] = _mm512_add_ps(acc[r][j], f);
@@ -280,13 +298,13 @@ using TileFn = void (*)(const Weights&, const Acts&, int64_t, int64_t, float*);
 
 // The tile for (column blocks, rows) on a path; null when the path is not built.
 TileFn pick_tile(Path path, int nb, int mr) {
-#define KEV_TILES(fn)                                                                                  \
-  {                                                                                                    \
-    static const TileFn table[4][kMaxRows] = {{fn<1, 1>, fn<1, 2>, fn<1, 3>, fn<1, 4>},               \
-                                              {fn<2, 1>, fn<2, 2>, fn<2, 3>, fn<2, 4>},               \
-                                              {fn<3, 1>, fn<3, 2>, fn<3, 3>, fn<3, 4>},               \
-                                              {fn<4, 1>, fn<4, 2>, fn<4, 3>, fn<4, 4>}};              \
-    return table[nb - 1][mr - 1];                                                                      \
+#define KEV_ROW(fn, nb) {fn<nb, 1>, fn<nb, 2>, fn<nb, 3>, fn<nb, 4>}
+#define KEV_TILES(fn)                                                                                         \
+  {                                                                                                           \
+    static const TileFn table[kMaxBlocks][kMaxRows] = {KEV_ROW(fn, 1), KEV_ROW(fn, 2), KEV_ROW(fn, 3),          \
+                                                       KEV_ROW(fn, 4), KEV_ROW(fn, 5), KEV_ROW(fn, 6),          \
+                                                       KEV_ROW(fn, 7), KEV_ROW(fn, 8)};                         \
+    return table[nb - 1][mr - 1];                                                                             \
   }
 #if KEV_QUANT_AVX512
   if (path == kAvx512) KEV_TILES(tile512)
@@ -295,6 +313,7 @@ TileFn pick_tile(Path path, int nb, int mr) {
   if (path == kAvx2) KEV_TILES(tile256)
 #endif
 #undef KEV_TILES
+#undef KEV_ROW
   (void)nb, (void)mr;
   return nullptr;
 }
@@ -340,9 +359,11 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const c10::op
   float* op = out.data_ptr<float>();
   // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (block_bytes * kblocks * (1 + rows / 4)));
+  // Tile shape: accumulators and integer sums of MR × NB blocks must fit the registers (AVX2 halves count twice).
+  const int wide = chosen == kAvx2 ? (rows == 1 ? 4 : 2) : rows == 1 ? 8 : rows == 2 ? 4 : 3;
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end;) {
-      const int nb = static_cast<int>(std::min<int64_t>(4, end - block));
+      const int nb = static_cast<int>(std::min<int64_t>(wide, end - block));
       for (int64_t row0 = 0; row0 < rows; row0 += kMaxRows) {
         const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, rows - row0));
         pick_tile(chosen, nb, mr)(w, a, row0, block, op);
