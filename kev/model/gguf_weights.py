@@ -139,5 +139,5 @@ def finish_quant_biases(model: nn.Module) -> None:
     """A quantized linear's bias (fp32, padded) goes with its blocks, which the kernel adds."""
     for module in model.modules():
         if isinstance(module, Linear) and isinstance(module.packed, QuantWeight) and module.bias is not None:
-            pad = module.packed.qs.shape[0] * 16 - module.out_features
+            pad = module.packed.cells.shape[0] * 16 - module.out_features
             module.packed.bias = nn.functional.pad(module.bias.detach().float(), (0, pad)).contiguous()

@@ -44,15 +44,22 @@ def active_path() -> str:
     return paths[0] if paths else "torch"
 
 
+def cell_layout(kind: Kind, has_d: bool) -> list[tuple[str, int]]:
+    """The parts of one cell (16 columns × 32 k) in order, with their bytes: the kernel tells layouts apart by the
+    sum (kernels/quant_gemm.cpp's layout_of)."""
+    parts = [("qs", 512 if kind == Kind.Q8 else 256)] + ([("d", 32)] if has_d else [])
+    return parts + ([("m", 32)] if kind == Kind.Q4_MIN else []) + ([("wsum", 32)] if kind == Kind.Q8 else [])
+
+
+_VIEWS = {"qs": torch.uint8, "d": torch.float16, "m": torch.float16, "wsum": torch.int16}
+
+
 @dataclass
 class QuantWeight:
     """A packed block-quantized weight; `type_name` is the source format (Q4_1, Q8_0, ..., w8a8)."""
 
-    qs: torch.Tensor  # uint8 [column blocks, K/32, 512 (Q8) | 256 (Q4)]
-    d: torch.Tensor | None  # fp16 [column blocks, K/32, 16]; None under w8a8
-    m: torch.Tensor | None  # fp16 mins (Q4_MIN)
-    wsum: torch.Tensor | None  # int16 block sums of the quants (Q8)
-    scale: torch.Tensor | None  # fp32 per column, padded (w8a8)
+    cells: torch.Tensor  # uint8 [column blocks, K/32, cell bytes] (cell_layout)
+    scale: torch.Tensor | None  # fp32 per column, padded (w8a8: the cells have no d)
     bias: torch.Tensor | None  # fp32, padded
     kind: Kind
     out_features: int
@@ -63,6 +70,30 @@ class QuantWeight:
     def kernel(self) -> str:
         return f"kev-quant-{active_path()}"
 
+    def part(self, name: str) -> torch.Tensor | None:
+        """One part of every cell, [column blocks, K/32, 16 (d, m, wsum) | bytes (qs)] in its dtype, or None."""
+        at = 0
+        for part, size in cell_layout(self.kind, self.scale is None):
+            if part == name:
+                view = self.cells[..., at: at + size].contiguous().view(_VIEWS[name])
+                return view
+            at += size
+        return None
+
+    @property
+    def qs(self) -> torch.Tensor:
+        qs = self.part("qs")
+        assert qs is not None
+        return qs
+
+    @property
+    def d(self) -> torch.Tensor | None:
+        return self.part("d")
+
+    @property
+    def m(self) -> torch.Tensor | None:
+        return self.part("m")
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.multiply(x, 0 if kernel_paths() and x.device.type == "cpu" else -1).to(x.dtype)
 
@@ -70,11 +101,10 @@ class QuantWeight:
         """fp32 [rows, out]: path 0 the best kernel, 1 AVX-512 VNNI, 2 AVX2, -1 torch's ops (the same bits)."""
         if path < 0:
             return reference_linear(x, self)
-        return torch.ops.kev.quant_linear(x.contiguous(), self.qs, self.d, self.m, self.wsum, self.scale, self.bias,
-                                          int(self.kind), self.out_features, path)
+        return torch.ops.kev.quant_linear(x.contiguous(), self.cells, self.scale, self.bias, self.out_features, path)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.qs, self.d, self.m, self.wsum, self.scale, self.bias) if t is not None]
+        return [t for t in (self.cells, self.scale, self.bias) if t is not None]
 
     def nbytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for t in self.tensors())
@@ -100,12 +130,16 @@ class QuantWeight:
         w = w.reshape(self.out_features, self.in_features)
         return w * self.scale[: self.out_features, None] if self.scale is not None else w
 
+    def unscaled(self) -> torch.Tensor:
+        """w8a8's int8 values [out, in] as fp32, before the per-column scale."""
+        return self.quants().float()[: self.out_features]
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows `ids` (an embedding lookup): the cells holding them only."""
-        picked = QuantWeight(self.qs[ids // COLS], *(None if t is None else t[ids // COLS]
-                                                      for t in (self.d, self.m, self.wsum)),
-                             None, None, self.kind, ids.numel() * COLS, self.in_features, self.type_name)
-        w = picked.unpack().view(ids.numel(), COLS, self.in_features)[torch.arange(ids.numel()), ids % COLS]
+        picked = QuantWeight(self.cells[ids // COLS], None if self.scale is None else self.scale[: ids.numel() * COLS],
+                             None, self.kind, ids.numel() * COLS, self.in_features, self.type_name)
+        w = picked.unpack() if self.scale is None else picked.unscaled()
+        w = w.view(ids.numel(), COLS, self.in_features)[torch.arange(ids.numel()), ids % COLS]
         return w * self.scale[ids, None] if self.scale is not None else w
 
 
@@ -139,8 +173,10 @@ def pack(q: torch.Tensor, d: torch.Tensor | None, m: torch.Tensor | None, kind: 
         qs = (split[..., 0] | (split[..., 1] << 4)).to(torch.uint8).reshape(blocks, kblocks, 256).contiguous()
     padded = None if scale is None else torch.nn.functional.pad(scale.float(), (0, pad)).contiguous()
     bias_p = None if bias is None else torch.nn.functional.pad(bias.float(), (0, pad)).contiguous()
-    return QuantWeight(qs, cells(d, torch.float16), cells(m, torch.float16), cells(wsum, torch.int16), padded, bias_p, kind,
-                       out_features, in_features, type_name)
+    parts = {"qs": qs, "d": cells(d, torch.float16), "m": cells(m, torch.float16), "wsum": cells(wsum, torch.int16)}
+    layout = cell_layout(kind, d is not None)
+    joined = torch.cat([parts[name].reshape(blocks, kblocks, -1).view(torch.uint8) for name, _ in layout], dim=-1)
+    return QuantWeight(joined.contiguous(), padded, bias_p, kind, out_features, in_features, type_name)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

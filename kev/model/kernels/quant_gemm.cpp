@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__F16C__)
@@ -103,17 +104,34 @@ RowsQ quantize_rows(const at::Tensor& x) {
   return r;
 }
 
+// The packed weight: cells [column blocks][k blocks][cell bytes], each cell 16 columns × 32 k: the quants (512
+// bytes Q8, 256 Q4), then 16 fp16 scales d (none under w8a8), 16 fp16 mins (Q4Min), 16 int16 quant sums (Q8).
+// One stream of bytes per column block, in the order the kernel reads them. The cell size names the layout.
 struct Weights {
-  const uint8_t* qs;      // [col blocks][k blocks][512 (Q8) | 256 (Q4)]
-  const uint16_t* d;      // [col blocks][k blocks][16] fp16, or null (w8a8)
-  const uint16_t* m;      // Q4Min: [col blocks][k blocks][16] fp16
-  const int16_t* wsum;    // Q8: [col blocks][k blocks][16] sum of the block's quants
+  const uint8_t* cells;
+  int64_t cell_bytes;
+  Kind kind;
+  bool has_d;
   const float* scale;     // w8a8: per column, padded; else null
   const float* bias;      // padded, or null
-  Kind kind;
   int64_t kblocks, out_features;
-  int64_t block_bytes() const { return kind == kQ8 ? 512 : 256; }
+  int64_t quant_bytes() const { return kind == kQ8 ? 512 : 256; }
+  const uint8_t* cell(int64_t block, int64_t b) const { return cells + (block * kblocks + b) * cell_bytes; }
+  const uint16_t* d(const uint8_t* cell) const { return reinterpret_cast<const uint16_t*>(cell + quant_bytes()); }
+  const uint16_t* m(const uint8_t* cell) const { return reinterpret_cast<const uint16_t*>(cell + quant_bytes() + 32); }
+  const int16_t* wsum(const uint8_t* cell) const { return reinterpret_cast<const int16_t*>(cell + cell_bytes - 32); }
 };
+
+// The layout a cell size stands for (model/quant_weight.py's CELL_BYTES): (kind, has d), or kind -1.
+std::pair<int64_t, bool> layout_of(int64_t cell_bytes) {
+  switch (cell_bytes) {
+    case 576: return {kQ8, true};
+    case 544: return {kQ8, false};
+    case 288: return {kQ4, true};
+    case 320: return {kQ4Min, true};
+    default: return {-1, false};
+  }
+}
 
 struct Acts {
   const RowsQ* r;
@@ -131,13 +149,12 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
     for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const RowsQ& rq = *a.r;
-  const int64_t bytes = w.block_bytes();
   for (int64_t b = 0; b < a.kblocks; ++b) {
     __m512i isum[MR][NB];
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_setzero_si512();
-    const uint8_t* qs = w.qs + (block0 * a.kblocks + b) * bytes;
-    const int64_t stride = a.kblocks * bytes;  // to the next column block's cell of this k block
+    const uint8_t* qs = w.cell(block0, b);
+    const int64_t stride = a.kblocks * w.cell_bytes;  // to the next column block's cell of this k block
     if (w.kind == kQ8) {  // (q + 128) · w, then - 128 · sum w
       for (int s = 0; s < 8; ++s) {
         __m512i xs[MR];
@@ -152,7 +169,7 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
         }
       }
       for (int j = 0; j < NB; ++j) {
-        const int16_t* ws = w.wsum + ((block0 + j) * a.kblocks + b) * kCols;
+        const int16_t* ws = w.wsum(w.cell(block0 + j, b));
         const __m512i c = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws))), 7);
         for (int r = 0; r < MR; ++r) isum[r][j] = _mm512_sub_epi32(isum[r][j], c);
       }
@@ -180,17 +197,17 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
         }
     }
     for (int j = 0; j < NB; ++j) {
-      const int64_t cell = (block0 + j) * a.kblocks + b;
-      const __m512 dw = w.d ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + cell * kCols)))
-                            : _mm512_setzero_ps();
+      const uint8_t* cell = w.cell(block0 + j, b);
+      const __m512 dw = w.has_d ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d(cell))))
+                                : _mm512_setzero_ps();
       for (int r = 0; r < MR; ++r) {
         __m512 f = _mm512_cvtepi32_ps(isum[r][j]);
-        if (w.d) f = _mm512_mul_ps(f, dw);
+        if (w.has_d) f = _mm512_mul_ps(f, dw);
         f = _mm512_mul_ps(f, _mm512_set1_ps(rq.dx[(row0 + r) * a.kblocks + b]));
         acc[r][j] = _mm512_add_ps(acc[r][j], f);
       }
       if (w.kind == kQ4Min) {
-        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m + cell * kCols)));
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m(cell))));
         for (int r = 0; r < MR; ++r)
           acc[r][j] = _mm512_add_ps(acc[r][j], _mm512_mul_ps(mw, _mm512_set1_ps(rq.sx[(row0 + r) * a.kblocks + b])));
       }
@@ -231,8 +248,8 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
   const RowsQ& rq = *a.r;
   for (int64_t b = 0; b < a.kblocks; ++b) {
     for (int j = 0; j < 2 * NB; ++j) {
-      const int64_t cell = (block0 + j / 2) * a.kblocks + b, half = (j % 2) * 32;
-      const uint8_t* qs = w.qs + cell * w.block_bytes() + half;
+      const uint8_t* cell = w.cell(block0 + j / 2, b);
+      const uint8_t* qs = cell + (j % 2) * 32;
       __m256i isum[MR];
       for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
       if (w.kind == kQ8) {  // |w| · (x with w's sign): the plain sum x · w
@@ -262,17 +279,17 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
           for (int r = 0; r < MR; ++r)
             isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8));
       }
-      const int64_t at = cell * kCols + (j % 2) * 8;
-      const __m256 dw = w.d ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + at)))
-                            : _mm256_setzero_ps();
+      const int64_t at = (j % 2) * 8;
+      const __m256 dw = w.has_d ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d(cell) + at)))
+                                : _mm256_setzero_ps();
       for (int r = 0; r < MR; ++r) {
         __m256 f = _mm256_cvtepi32_ps(isum[r]);
-        if (w.d) f = _mm256_mul_ps(f, dw);
+        if (w.has_d) f = _mm256_mul_ps(f, dw);
         f = _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[(row0 + r) * a.kblocks + b]));
         acc[r][j] = _mm256_add_ps(acc[r][j], f);
       }
       if (w.kind == kQ4Min) {
-        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m + at)));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m(cell) + at)));
         for (int r = 0; r < MR; ++r)
           acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(mw, _mm256_set1_ps(rq.sx[(row0 + r) * a.kblocks + b])));
       }
@@ -330,27 +347,26 @@ Path best_path() {
 
 }  // namespace
 
-// x: [M, K] bf16 / fp32 (K a multiple of 32); the packed weight as above. Returns fp32 [M, out_features].
+// x: [M, K] bf16 / fp32 (K a multiple of 32); cells: the packed weight as above. Returns fp32 [M, out_features].
 // path: 0 the best built, 1 AVX-512 VNNI, 2 AVX2 (tests force each to compare their bits).
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const c10::optional<at::Tensor>& d,
-                        const c10::optional<at::Tensor>& m, const c10::optional<at::Tensor>& wsum,
-                        const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& bias, int64_t kind,
-                        int64_t out_features, int64_t path) {
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
+                        const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % kBlockK == 0,
               "kev::quant_linear: x must be a contiguous [rows, K] matrix with K a multiple of 32");
-  TORCH_CHECK(kind >= kQ8 && kind <= kQ4Min, "kev::quant_linear: kind must be 0 (Q8), 1 (Q4) or 2 (Q4 with min)");
-  const int64_t kblocks = x.size(1) / kBlockK, block_bytes = kind == kQ8 ? 512 : 256;
-  TORCH_CHECK(qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.dim() == 3 && qs.size(1) == kblocks &&
-                  qs.size(2) == block_bytes && qs.size(0) * kCols >= out_features,
-              "kev::quant_linear: packed quants must be uint8 [column blocks, K/32, ", block_bytes, "]");
-  const auto ptr = [](const c10::optional<at::Tensor>& t) { return t && t->defined() ? t->data_ptr() : nullptr; };
-  TORCH_CHECK(kind != kQ8 || ptr(wsum), "kev::quant_linear: Q8 weights need their block sums");
-  TORCH_CHECK(kind != kQ4Min || ptr(m), "kev::quant_linear: Q4 with min needs the mins");
+  const int64_t kblocks = x.size(1) / kBlockK;
+  TORCH_CHECK(cells.is_contiguous() && cells.scalar_type() == at::kByte && cells.dim() == 3 &&
+                  cells.size(1) == kblocks && cells.size(0) * kCols >= out_features,
+              "kev::quant_linear: packed cells must be uint8 [column blocks, K/32, cell bytes]");
+  const auto [kind, has_d] = layout_of(cells.size(2));
+  TORCH_CHECK(kind >= 0, "kev::quant_linear: no layout has ", cells.size(2), "-byte cells");
+  const auto ptr = [](const c10::optional<at::Tensor>& t) -> const float* {
+    return t && t->defined() ? t->data_ptr<float>() : nullptr;
+  };
+  TORCH_CHECK(has_d != (ptr(scale) != nullptr), "kev::quant_linear: a per-column scale exactly when cells have no d");
   const Path chosen = path == kAuto ? best_path() : static_cast<Path>(path);
   TORCH_CHECK(pick_tile(chosen, 1, 1) != nullptr, "kev::quant_linear: path ", path, " is not built on this CPU");
-  const Weights w{qs.data_ptr<uint8_t>(), static_cast<const uint16_t*>(ptr(d)), static_cast<const uint16_t*>(ptr(m)),
-                  static_cast<const int16_t*>(ptr(wsum)), static_cast<const float*>(ptr(scale)),
-                  static_cast<const float*>(ptr(bias)), static_cast<Kind>(kind), kblocks, out_features};
+  const Weights w{cells.data_ptr<uint8_t>(), cells.size(2), static_cast<Kind>(kind), has_d, ptr(scale), ptr(bias),
+                  kblocks, out_features};
   const int64_t rows = x.size(0), blocks = (out_features + kCols - 1) / kCols;
   auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
   if (rows == 0) return out;
@@ -358,7 +374,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& qs, const c10::op
   const Acts a{&rq, x.size(1), kblocks};
   float* op = out.data_ptr<float>();
   // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
-  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (block_bytes * kblocks * (1 + rows / 4)));
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (w.cell_bytes * kblocks * (1 + rows / 4)));
   // Tile shape: accumulators and integer sums of MR × NB blocks must fit the registers (AVX2 halves count twice).
   const int wide = chosen == kAvx2 ? (rows == 1 ? 4 : 2) : rows == 1 ? 8 : rows == 2 ? 4 : 3;
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
@@ -405,8 +421,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
 }  // namespace kev
 
 TORCH_LIBRARY_FRAGMENT(kev, m) {
-  m.def("quant_linear(Tensor x, Tensor qs, Tensor? d, Tensor? m, Tensor? wsum, Tensor? scale, Tensor? bias, "
-        "int kind, int out_features, int path=0) -> Tensor");
+  m.def("quant_linear(Tensor x, Tensor cells, Tensor? scale, Tensor? bias, int out_features, int path=0) -> Tensor");
   m.def("quant_linear_paths() -> str[]", &kev::quant_linear_paths);
   m.def("quantize_activations(Tensor x) -> (Tensor, Tensor)");
 }
