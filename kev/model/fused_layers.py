@@ -3,7 +3,8 @@
 The op chains the very kernels the Python layer loop calls (Kev's GEMM, the row ops, rotary with the
 KV write, paged attention), in the same order, so a step's bits are the same either way; it only
 drops Python's per-op cost, a quarter of a lone question's decode step. It applies to plain
-Llama-shaped layers (no family variant) whose linears all run Kev's GEMM, on steps whose every
+Llama-shaped layers (no family variant) whose linears all run Kev's GEMM or its quantized kernel (uint8 cells,
+kernels/quant_gemm.cpp), on steps whose every
 row goes to the attention kernel (no long prefill chunk, which needs SDPA)."""
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 from kev.model.attention import PagedKVLayer
 from kev.model.linear import GemmWeight
+from kev.model.quant_weight import QuantWeight
 from kev.model.step_metadata import StepMetadata
 
 if TYPE_CHECKING:
@@ -49,12 +51,11 @@ class FusedLayers:
                 return None
             attn, mlp = layer.self_attn, layer.mlp
             packed = [linear.packed for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-            gemms = [p for p in packed if isinstance(p, GemmWeight)]
+            gemms = [p for p in packed if isinstance(p, (GemmWeight, QuantWeight))]
             if len(gemms) != len(packed):
                 return None
-            qkv, o, gate_up, down = gemms
-            weights += [layer.input_layernorm.weight, qkv.packed, o.packed, layer.post_attention_layernorm.weight,
-                        gate_up.packed, down.packed]
+            qkv, o, gate_up, down = (p.packed if isinstance(p, GemmWeight) else p.cells for p in gemms)
+            weights += [layer.input_layernorm.weight, qkv, o, layer.post_attention_layernorm.weight, gate_up, down]
             biases += [p.bias for p in gemms]
             scales += [p.scale for p in gemms]
             out_features = [p.out_features for p in gemms]

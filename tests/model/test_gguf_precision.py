@@ -44,6 +44,7 @@ def test_gguf_holds_the_files_blocks_in_about_the_files_bytes(engines):
     assert model.weight_bytes() <= 1.1 * file_bytes
     held = {m.packed.type_name for m in model.modules() if isinstance(getattr(m, "packed", None), QuantWeight)}
     assert held == {"Q4_1", "Q8_0"}  # the layers' Q4_1 and the tied head's Q8_0, none dequantized
+    assert model.fused_layers is not None  # every layer in one C++ call, as bf16's
 
 
 @pytest.mark.parametrize("precision", ["gguf", "w8a8"])

@@ -1,11 +1,11 @@
 // Block-quantized weights × per-row int8 activations (core.precision gguf and w8a8): y = x Wᵀ (+ b), every row's
 // bits independent of the other rows, of the thread count and of the instruction set used.
 //
-// Weights (model/quant_weight.py packs them): blocks of 16 output columns × 32 k, as GGUF's Q8_0 / Q4_0 / Q4_1
+// Weights (model/quant_weight.py packs them): cells of 16 output columns × 32 k, as GGUF's Q8_0 / Q4_0 / Q4_1
 // blocks hold them: quants (Q8: int8; Q4: 0..15, two per byte), one fp16 scale d per column and block (Q4_1: and
-// an fp16 min m; w8a8: no d, one fp32 scale per column applied to the finished sum). Inside a block the quants are
-// laid out as vpdpbusd reads them: 16 columns × 4 consecutive k per 64 bytes (Q4: the low nibbles of 64 bytes are
-// one such step, the high nibbles the next).
+// an fp16 min m; w8a8: no d, one fp32 scale per column applied to the finished sum), Q8: each block's quant sum.
+// Inside a cell the quants are laid out as vpdpbusd reads them: 16 columns × 4 consecutive k per 64 bytes (Q4: the
+// low nibbles of 64 bytes are one such step, the high nibbles the next).
 //
 // Activations: each row is quantized on its own, in blocks of 32 (as llama.cpp's q8_0 / q8_1): dx = max|x| / 127,
 // q = round-to-nearest-even(x · (1 / dx)), and the block's sum of q. So a row's quantization depends on that row
@@ -25,6 +25,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include "ops.h"
 
 #include <algorithm>
 #include <cmath>
