@@ -52,9 +52,15 @@ def _write(path: Path, qtype: GGMLQuantizationType) -> None:
     s, rng = SHAPE, np.random.default_rng(0)
     writer = GGUFWriter(str(path), "llama")
     head_dim = s["hidden"] // s["heads"]
-    writer.add_context_length(4096), writer.add_embedding_length(s["hidden"]), writer.add_block_count(s["layers"])
-    writer.add_feed_forward_length(s["ffn"]), writer.add_head_count(s["heads"]), writer.add_head_count_kv(s["kv_heads"])
-    writer.add_rope_dimension_count(head_dim), writer.add_layer_norm_rms_eps(1e-5), writer.add_rope_freq_base(500000.0)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(s["hidden"])
+    writer.add_block_count(s["layers"])
+    writer.add_feed_forward_length(s["ffn"])
+    writer.add_head_count(s["heads"])
+    writer.add_head_count_kv(s["kv_heads"])
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(500000.0)
     vocab = _copy_tokenizer(writer)
     writer.add_vocab_size(vocab)
 

@@ -174,8 +174,8 @@ def pack(q: torch.Tensor, d: torch.Tensor | None, m: torch.Tensor | None, kind: 
     padded = None if scale is None else torch.nn.functional.pad(scale.float(), (0, pad)).contiguous()
     bias_p = None if bias is None else torch.nn.functional.pad(bias.float(), (0, pad)).contiguous()
     parts = {"qs": qs, "d": cells(d, torch.float16), "m": cells(m, torch.float16), "wsum": cells(wsum, torch.int16)}
-    layout = cell_layout(kind, d is not None)
-    joined = torch.cat([parts[name].reshape(blocks, kblocks, -1).view(torch.uint8) for name, _ in layout], dim=-1)
+    layout = [parts[name] for name, _ in cell_layout(kind, d is not None)]
+    joined = torch.cat([p.reshape(blocks, kblocks, -1).view(torch.uint8) for p in layout if p is not None], dim=-1)
     return QuantWeight(joined.contiguous(), padded, bias_p, kind, out_features, in_features, type_name)
 
 
