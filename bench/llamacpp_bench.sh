@@ -16,8 +16,8 @@ run() {  # name, then kev bench arguments
     --out "$out/llamacpp_$name.json" "$@" > /dev/null
   echo "load after: $(uptime)" >> "$out/llamacpp_$name.machine.txt"
 }
+facts "$out/llamacpp_logits.machine.txt"
+"$py" bench/llamacpp_logits.py
 run default --precision gguf --compare-precision bf16 --max-tokens 64
 run 1b_q4_0 --random-gguf Q4_0 --precision gguf --compare-precision bf16 --max-tokens 16
 run 1b_q8_0 --random-gguf Q8_0 --precision gguf --max-tokens 16
-facts "$out/llamacpp_logits.machine.txt"
-"$py" bench/llamacpp_logits.py
