@@ -21,3 +21,5 @@ facts "$out/llamacpp_logits.machine.txt"
 run default --precision gguf --compare-precision bf16 --max-tokens 64
 run 1b_q4_0 --random-gguf Q4_0 --precision gguf --compare-precision bf16 --max-tokens 16
 run 1b_q8_0 --random-gguf Q8_0 --precision gguf --max-tokens 16
+# 16 new tokens after ~40-token prompts is mostly prefill at N=64; one question decoding 64 tokens, separately:
+run 1b_q4_0_n1_64 --random-gguf Q4_0 --precision gguf --compare-precision bf16 --max-tokens 64 --sizes 1
