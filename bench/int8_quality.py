@@ -1,6 +1,7 @@
-"""core.precision int8 against bf16 on the same weights: perplexity on held-out text (English and Chinese,
-bench/data/heldout_*.txt, written for this check, ~3,400 tokens) and the greedy answers to the bench
-questions, side by side. Writes bench/results/int8_quality.json and .md.
+"""core.precision int8, w8a8 and gguf against bf16 on the same weights: perplexity on held-out text (English and
+Chinese, bench/data/heldout_*.txt, written for this check, ~3,400 tokens) and the greedy answers to the bench
+questions, side by side. Writes bench/results/precision_quality.json and .md (int8_quality.* are the earlier
+int8-only run).
 
     .venv/bin/python bench/int8_quality.py [--max-tokens 48]
 """
@@ -33,42 +34,61 @@ def perplexities(engine: kev.Engine) -> dict[str, dict[str, float]]:
     return out
 
 
+PRECISIONS = ("bf16", "int8", "w8a8", "gguf")
+
+
+def run_precision(precision: str, max_tokens: int) -> tuple[dict, list[str]]:
+    config = kev.load_config({"core": {"precision": precision, "max_context": 4096},
+                              "router": {"max_parallel_queries": 16, "channel_pool_size": 16}})
+    with kev.Engine(config, background=False) as engine:
+        report = {"perplexity": perplexities(engine), "weight_bytes": engine.runner.model.weight_bytes(),
+                  "numerics": engine.runner.model.weight_numerics()}
+        results = engine.generate(BENCH_QUESTIONS, timeout=3600, max_tokens=max_tokens, temperature=0.0)
+    return report, [r.text for r in results]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
     report: dict = {"questions": BENCH_QUESTIONS, "max_tokens": args.max_tokens}
     answers = {}
-    for precision in ("bf16", "int8"):
-        config = kev.load_config({"core": {"precision": precision, "max_context": 4096},
-                                  "router": {"max_parallel_queries": 16, "channel_pool_size": 16}})
-        with kev.Engine(config, background=False) as engine:
-            report[precision] = {"perplexity": perplexities(engine),
-                                 "weight_bytes": engine.runner.model.weight_bytes()}
-            results = engine.generate(BENCH_QUESTIONS, timeout=3600, max_tokens=args.max_tokens, temperature=0.0)
-            answers[precision] = [r.text for r in results]
-    ppl = {lang: round(report["int8"]["perplexity"][lang]["perplexity"] / report["bf16"]["perplexity"][lang]["perplexity"], 4)
-           for lang in ("en", "zh", "all")}
-    report["int8_over_bf16"] = {"perplexity": ppl,
-                                "weight_bytes": round(report["int8"]["weight_bytes"] / report["bf16"]["weight_bytes"], 3),
-                                "same_greedy_answer": sum(a == b for a, b in zip(answers["bf16"], answers["int8"]))}
+    for precision in PRECISIONS:
+        report[precision], answers[precision] = run_precision(precision, args.max_tokens)
+    base = report["bf16"]
+    for precision in PRECISIONS[1:]:
+        got = report[precision]
+        report[f"{precision}_over_bf16"] = {
+            "perplexity": {lang: round(got["perplexity"][lang]["perplexity"] / base["perplexity"][lang]["perplexity"], 4)
+                           for lang in ("en", "zh", "all")},
+            "weight_bytes": round(got["weight_bytes"] / base["weight_bytes"], 3),
+            "same_greedy_answer": sum(a == b for a, b in zip(answers["bf16"], answers[precision]))}
     report["answers"] = answers
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "int8_quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    lines = ["# int8 (weight-only) vs bf16, default model", "",
-             "Reproduce: `.venv/bin/python bench/int8_quality.py` (numbers in int8_quality.json).", "",
-             "| text | tokens | bf16 perplexity | int8 perplexity | int8 / bf16 |", "|---|---|---|---|---|"]
-    for lang in ("en", "zh", "all"):
-        b, i = report["bf16"]["perplexity"][lang], report["int8"]["perplexity"][lang]
-        lines.append(f"| {lang} | {b['tokens']} | {b['perplexity']} | {i['perplexity']} | {ppl[lang]} |")
-    lines += ["", f"Weights held: int8 / bf16 = {report['int8_over_bf16']['weight_bytes']}. "
-              f"Greedy answers identical: {report['int8_over_bf16']['same_greedy_answer']}/{len(BENCH_QUESTIONS)} "
-              f"(max {args.max_tokens} tokens).", "", "| question | bf16 | int8 |", "|---|---|---|"]
+    (RESULTS / "precision_quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    (RESULTS / "precision_quality.md").write_text(markdown(report, answers, args.max_tokens))
+    print(json.dumps({p: report[f"{p}_over_bf16"] for p in PRECISIONS[1:]}, indent=1))
+
+
+def markdown(report: dict, answers: dict[str, list[str]], max_tokens: int) -> str:
+    lines = ["# Precisions vs bf16, default model (SmolLM2-135M-Instruct, its Q4_1 GGUF)", "",
+             "bf16, int8 and w8a8 run the GGUF's weights dequantized (to bf16, then int8 per output channel); gguf runs "
+             "the file's own Q4_1 / Q8_0 blocks. Reproduce: `.venv/bin/python bench/int8_quality.py` "
+             "(numbers in precision_quality.json).", "",
+             "| precision | weights held (MB) | perplexity en | zh | all | all / bf16 | greedy = bf16 |",
+             "|---|---|---|---|---|---|---|"]
+    for p in PRECISIONS:
+        ppl, ratio = report[p]["perplexity"], report.get(f"{p}_over_bf16")
+        lines.append(f"| {p} | {report[p]['weight_bytes'] / 1e6:.1f} | {ppl['en']['perplexity']} | "
+                     f"{ppl['zh']['perplexity']} | {ppl['all']['perplexity']} | "
+                     f"{ratio['perplexity']['all'] if ratio else 1.0} | "
+                     f"{ratio['same_greedy_answer'] if ratio else len(BENCH_QUESTIONS)}/{len(BENCH_QUESTIONS)} |")
+    lines += ["", f"Greedy answers (max {max_tokens} tokens):", "",
+              "| question | " + " | ".join(PRECISIONS) + " |", "|---" * (len(PRECISIONS) + 1) + "|"]
     cell = lambda text: text.replace("|", "\\|").replace("\n", " ⏎ ")  # noqa: E731
-    for q, b, i in zip(BENCH_QUESTIONS, answers["bf16"], answers["int8"]):
-        lines.append(f"| {cell(q)} | {cell(b)} | {cell(i)} |")
-    (RESULTS / "int8_quality.md").write_text("\n".join(lines) + "\n")
-    print(json.dumps({k: report[k] for k in ("int8_over_bf16",)} | {p: report[p]["perplexity"] for p in ("bf16", "int8")}, indent=1))
+    for i, q in enumerate(BENCH_QUESTIONS):
+        lines.append(f"| {cell(q)} | " + " | ".join(cell(answers[p][i]) for p in PRECISIONS) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from kev.model.llama import LlamaModel
 @dataclass
 class PathResult:
     n: int
-    path: str  # "kev" | "serial" | "hf_batch" | "vllm" | "kev_non_invariant" | "kev_<precision>"
+    path: str  # "kev" | "serial" | "hf_batch" | "vllm" | "llamacpp" | "kev_non_invariant" | "kev_<precision>"
     tokens: int
     seconds: float
     identical_to_solo: str
@@ -41,11 +41,12 @@ class PathResult:
 def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: Any | None,
                    fused: Engine | None = None, against_vllm: bool = False,
                    on_progress: Callable[[str, float, float], None] | None = None,
-                   other_precision: Engine | None = None) -> dict[str, Any]:
+                   other_precision: Engine | None = None, against_llamacpp: bool = False) -> dict[str, Any]:
     """fused: the same engine with batch_invariant off, run at the largest N to price invariance.
     against_vllm: vLLM's CPU build on the same prompt ids, in its own process (bench/vllm_runner.py).
     other_precision: Kev at another core.precision (its own weights), at every N beside the first, its answers
     against its own solo answers (path kev_<precision>).
+    against_llamacpp: llama.cpp's llama-server on the same GGUF and prompt ids (kev/bench/llamacpp_anchor.py).
     on_progress(label, runs done, runs in all): after each solo question and each N."""
     questions = (BENCH_QUESTIONS * (max(sizes) // len(BENCH_QUESTIONS) + 1))[: max(sizes)]
     options = {"max_tokens": max_tokens, "ignore_eos": True, "timeout_ms": 600_000}
@@ -80,6 +81,9 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
             results.append(PathResult(n, "hf_batch", n * max_tokens, seconds, f"{same}/{n}"))
     if against_vllm:
         results += _vllm_paths(engine, sizes, prompts, max_tokens)
+    if against_llamacpp:
+        tick("llama.cpp (llama-server, --parallel N)", len(questions) + len(sizes), total)
+        results += _llamacpp_paths(engine, sizes, prompts, max_tokens)
     if other_precision is not None:
         results += _other_precision_paths(other_precision, questions, sizes, options, steps,
                                           lambda label, i: tick(label, len(questions) + len(sizes) + i, total))
@@ -140,6 +144,23 @@ def _vllm_paths(engine: Engine, sizes: list[int], prompts: list[list[int]], max_
     return results
 
 
+def _llamacpp_paths(engine: Engine, sizes: list[int], prompts: list[list[int]], max_tokens: int) -> list[PathResult]:
+    from kev.bench.llamacpp_anchor import run_llamacpp
+    from kev.model.model_store import gguf_source
+
+    gguf = gguf_source(engine.config.core.model_path)
+    if gguf is None:
+        raise SystemExit("--against llamacpp needs a .gguf model (core.model_path is a Hugging Face folder)")
+    out = run_llamacpp(gguf, sizes, prompts, max_tokens, torch.get_num_threads())
+    results = []
+    for batch in out["batches"]:
+        n = batch["n"]
+        same = sum(a == s for a, s in zip(batch["token_ids"], out["solo"]))
+        results.append(PathResult(n, "llamacpp", sum(len(t) for t in batch["token_ids"]), batch["seconds"],
+                                  f"{same}/{n}"))
+    return results
+
+
 def model_folder(engine: Engine) -> Path:
     from kev.model.model_store import resolve_model_path
 
@@ -170,7 +191,7 @@ def _ratios(results: list[PathResult], sizes: list[int]) -> dict[str, dict[str, 
     for n in sizes:
         by_path = {r.path: r.tok_per_s for r in results if r.n == n}
         ratios[str(n)] = {"kev_over_serial": round(by_path["kev"] / by_path["serial"], 2)}
-        for anchor in ("hf_batch", "vllm"):
+        for anchor in ("hf_batch", "vllm", "llamacpp"):
             if anchor in by_path:
                 ratios[str(n)][f"kev_over_{anchor}"] = round(by_path["kev"] / by_path[anchor], 2)
         for other in (path for path in by_path if path.startswith("kev_") and path != "kev_non_invariant"):

@@ -29,15 +29,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--documents", type=int, default=32, help="documents: how many reports")
     parser.add_argument("--solo-every", type=int, default=1,
                         help="documents: ask every k-th question alone for the identical-to-solo counts (1: all)")
-    parser.add_argument("--against", choices=["vllm"], action="append", default=[],
-                        help="also run vLLM's CPU build (.venv-vllm, see `make bench-vllm`) on the same prompts")
+    parser.add_argument("--against", choices=["vllm", "llamacpp"], action="append", default=[],
+                        help="also run vLLM's CPU build (.venv-vllm, see `make bench-vllm`) or llama.cpp's "
+                             "llama-server (a .gguf model; bench/build_llamacpp.sh) on the same prompts")
+    parser.add_argument("--random-gguf", choices=["Q4_0", "Q8_0"],
+                        help="run on a Llama-1B-shaped GGUF of random weights in this quant type, written once under "
+                             "the cache (kev/bench/random_gguf.py), instead of --model")
     parser.add_argument("--parallel", type=int,
                         help="router.max_parallel_queries (default: the largest size; mixed: 64)")
     parser.add_argument("--repeats", type=int, default=1, help="routing: runs per strategy (medians)")
     parser.add_argument("--sizes", default="1,4,8,16", help="numbers of questions, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per question (EOS ignored)")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face batch path")
-    parser.add_argument("--compare-precision", choices=["fp32", "bf16", "int8"],
+    parser.add_argument("--compare-precision", choices=["fp32", "bf16", "int8", "w8a8", "gguf"],
                         help="also run Kev at this core.precision (its own weights) at every N, side by side")
     parser.add_argument("--no-invariance-cost", action="store_true",
                         help="skip the non-invariant Kev run that prices batch invariance")
@@ -59,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
                                      "core": {"max_context": 1024}})
     # The caller drives the steps (no loop thread), in the thread that runs the serial and HF paths too:
     # a second OpenMP pool makes every GEMM slower on a small CPU (docs/design.md, Known limits).
+    if args.random_gguf:
+        from kev.bench.random_gguf import random_llama_gguf
+
+        config = load_config(config, {"core": {"model_path": str(random_llama_gguf(args.random_gguf))}})
     if args.scenario == "mixed":
         return run_mixed_scenario(args, config)
     with progress_bar("loading the model") as bar, Engine(config, background=False) as engine:
@@ -74,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         if args.compare_precision:
             bar(f"loading the model at {args.compare_precision}", 0, 1)
             other = Engine(load_config(config, {"core": {"precision": args.compare_precision}}), background=False)
-        report = run_throughput(engine, sizes, args.max_tokens, hf, fused, "vllm" in args.against, bar, other)
+        report = run_throughput(engine, sizes, args.max_tokens, hf, fused, "vllm" in args.against, bar, other,
+                                "llamacpp" in args.against)
         for extra in (fused, other):
             if extra is not None:
                 extra.close()

@@ -19,7 +19,8 @@ _CONFIG_FLAGS = (("--model", "core.model_path", "model"), ("--precision", "core.
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="kev.yaml (every field has a default)")
     parser.add_argument("--model", help="core.model_path: HF folder, .gguf file or alias")
-    parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16", "int8"], help="core.precision")
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16", "int8", "w8a8", "gguf"],
+                        help="core.precision")
     parser.add_argument("--threads", type=int, help="core.threads (torch CPU threads)")
     parser.add_argument("--tensor-parallel", type=int, help="core.tensor_parallel (ranks the model is split over)")
     parser.add_argument("--chat-template", help="core.chat_template: a Jinja file, or the template itself")

@@ -5,6 +5,7 @@ from functools import cache
 from pathlib import Path
 
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+QUANTIZED = ("int8", "w8a8", "gguf")  # precisions whose weights are integers
 
 
 @cache
@@ -30,9 +31,10 @@ def cpu_bf16_flags() -> tuple[str, ...]:
 
 
 def activation_precision(precision: str, device: str) -> str:
-    """The dtype of activations and K/V: the precision itself, except int8 (weight-only), which computes in
-    bf16, or fp16 on a CUDA device without bf16."""
-    if precision != "int8":
+    """The dtype of activations and K/V: the precision itself, except int8 (weight-only), gguf and w8a8 (their
+    int8 activations exist only inside the linear kernel), which compute in bf16, or fp16 on a CUDA device without
+    bf16."""
+    if precision not in QUANTIZED:
         return precision
     if _uses_cuda(device):
         import torch

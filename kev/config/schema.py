@@ -144,8 +144,10 @@ class CoreConfig(_Section):
     # Overrides the model folder's chat template: a file path, or the Jinja template itself.
     chat_template: str | None = None
     # auto: bf16 where the device computes it natively (avx512_bf16 / AMX, CUDA), else fp32. int8: weight-only
-    # (int8 weights, one scale per output channel; activations and K/V in bf16, fp16 on CUDA without bf16)
-    precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] = "auto"
+    # (int8 weights, one scale per output channel; activations and K/V in bf16, fp16 on CUDA without bf16).
+    # w8a8: those int8 weights times per-row int8 activations (model/quant_weight.py). gguf: a .gguf model's own
+    # Q8_0 / Q4_0 / Q4_1 blocks times per-row int8 activations (other block types dequantized to bf16).
+    precision: Literal["auto", "fp32", "bf16", "fp16", "int8", "w8a8", "gguf"] = "auto"
     max_context: int = Field(4096, ge=16)
     device: str = "auto"
     block_size: int = Field(16, ge=1, le=1024)
@@ -184,7 +186,7 @@ class CoreConfig(_Section):
 
     @property
     def resolved_precision(self) -> str:
-        """precision with auto resolved for this machine: fp32 | bf16 | fp16 | int8."""
+        """precision with auto resolved for this machine: fp32 | bf16 | fp16 | int8 | w8a8 | gguf."""
         return pick_precision(self.precision, self.device)
 
     @model_validator(mode="after")

@@ -24,7 +24,7 @@ from kev.isolation.memory_plan import kv_pool_blocks
 from kev.isolation.prefix_store import PrefixStore
 from kev.model.device import pick_device
 from kev.model.llama import LlamaModel
-from kev.model.model_store import resolve_model_path
+from kev.model.model_store import gguf_source, resolve_model_path
 from kev.model.tokenizer import Tokenizer
 from kev.model.weights import load_model
 from kev.router.router import Router
@@ -52,7 +52,11 @@ def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
     if precision == "fp16" and device.type == "cpu":
         raise ConfigError("core.precision: fp16 needs a CUDA device (core.device is cpu); use fp32, bf16 or auto")
     log.info("precision: %s", describe_precision(core.precision, core.device))
-    model = load_model(folder, precision, device, core.max_context)
+    gguf = gguf_source(core.model_path) if precision == "gguf" else None
+    if precision == "gguf" and gguf is None:
+        raise ConfigError(f"core.precision: gguf needs a .gguf model (core.model_path {core.model_path!r} is a "
+                          "Hugging Face folder); use w8a8, int8 or bf16")
+    model = load_model(folder, precision, device, core.max_context, gguf=gguf)
     tokenizer = Tokenizer.from_folder(folder, core.chat_template)
     named_instruct = any(word in f"{core.model_path} {folder.name}".lower() for word in ("instruct", "chat"))
     if named_instruct and not tokenizer.has_chat_template:

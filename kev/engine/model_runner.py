@@ -26,7 +26,7 @@ class ModelRunner:
             for _ in range(cfg.num_layers)
         ]
         self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan, model.cpu_kernels,
-                                                model.first_blocks()[0].qkv_proj.weight.dtype, device_label)
+                                                model.weight_numerics(), device_label)
         self.graphs: DecodeGraphs | None = None
 
     def use_decode_graphs(self, max_rows: int, max_context: int) -> None:
@@ -77,9 +77,10 @@ class ModelRunner:
 
 
 def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan, cpu_kernels: bool,
-                         weight_dtype: torch.dtype, device_label: str = "") -> str:
-    """A short hash of everything that decides the bits of an answer (weight_dtype: int8 under core.precision int8,
-    else the compute dtype; device_label: Kev's Triton kernels, the device's linear kernel and its tile probe)."""
+                         weights: str, device_label: str = "") -> str:
+    """A short hash of everything that decides the bits of an answer (weights: LlamaModel.weight_numerics, e.g.
+    torch.int8 under core.precision int8, the GGUF block formats and the quantized kernel's path under gguf;
+    device_label: Kev's Triton kernels, the device's linear kernel and its tile probe)."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     attention = "kernels=kev-cpu" if cpu_kernels else "kernels=torch,attn=sdpa-per-channel"
     if device_label:
@@ -90,5 +91,5 @@ def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePla
         if device.type == "cuda":
             attention += ",sdpa=efficient|math"  # model/attention.py: flash and cuDNN are not deterministic there
     parts = [str(dtype), device.type, device_kind, plan.label, attention, torch.__version__,
-             f"threads={torch.get_num_threads()}"] + ([f"weights={weight_dtype}"] if weight_dtype != dtype else [])
+             f"threads={torch.get_num_threads()}"] + ([f"weights={weights}"] if weights != str(dtype) else [])
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

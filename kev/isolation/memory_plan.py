@@ -20,9 +20,10 @@ if TYPE_CHECKING:
     from kev.config import KevConfig
     from kev.model.model_config import ModelConfig
 
-WEIGHT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
-# int8 is weight-only quantisation: activations and K/V stay 16-bit.
-KV_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 2}
+# gguf: an upper bound (Q8_0 blocks, 34 bytes per 32 weights, rounded up); Q4 blocks take about 0.6 byte.
+WEIGHT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "w8a8": 1, "gguf": 2}
+# int8, w8a8 and gguf quantise weights: K/V stay 16-bit.
+KV_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 2, "w8a8": 2, "gguf": 2}
 
 # The headroom rule: keep free one step's activations (estimated from the shapes) plus 10% of the
 # device (at least 1 GiB) for temporaries, allocator fragmentation and the framework's own use.
@@ -113,7 +114,7 @@ def weight_bytes(s: ModelShape, precision: str) -> int | None:
     the packing's blocks)."""
     if s.num_params is None:
         return None
-    if precision == "int8" and s.linear_params is not None and s.linear_outputs is not None:
+    if precision in ("int8", "w8a8") and s.linear_params is not None and s.linear_outputs is not None:
         return s.linear_params + 4 * s.linear_outputs + 2 * (s.num_params - s.linear_params)
     return s.num_params * WEIGHT_BYTES[precision]
 

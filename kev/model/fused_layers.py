@@ -3,9 +3,10 @@
 The op chains the very kernels the Python layer loop calls (Kev's GEMM, the row ops, rotary with the
 KV write, paged attention), in the same order, so a step's bits are the same either way; it only
 drops Python's per-op cost, a quarter of a lone question's decode step. It applies to plain
-Llama-shaped layers (no family variant) whose linears all run Kev's GEMM, on steps whose every
-row goes to the row attention kernel (in bf16 with the prefill kernel: steps without a prompt chunk; a prompt
-chunk's step is long enough that Python's per-op cost does not count)."""
+Llama-shaped layers (no family variant) whose linears all run Kev's GEMM or its quantized kernel (uint8 cells,
+kernels/quant_gemm.cpp), on steps whose every row goes to the row attention kernel (in bf16 with the prefill
+kernel: steps without a prompt chunk; a prompt chunk's step is long enough that Python's per-op cost does not
+count)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import torch
 
 from kev.model.attention import PagedKVLayer, prefill_kernel_applies
 from kev.model.linear import GemmWeight, Linear
+from kev.model.quant_weight import QuantWeight
 from kev.model.step_metadata import StepMetadata
 
 if TYPE_CHECKING:
@@ -55,12 +57,11 @@ class FusedLayers:
             parts: LayerParts | None = says() if says is not None else None
             if parts is None:
                 return None
-            gemms = [linear.packed for linear in parts.linears if isinstance(linear.packed, GemmWeight)]
+            gemms = [linear.packed for linear in parts.linears if isinstance(linear.packed, (GemmWeight, QuantWeight))]
             if len(gemms) != len(parts.linears):
                 return None
-            qkv, o, gate_up, down = gemms
-            weights += [parts.input_norm, qkv.packed, o.packed, parts.post_attention_norm, gate_up.packed,
-                        down.packed]
+            qkv, o, gate_up, down = (p.packed if isinstance(p, GemmWeight) else p.cells for p in gemms)
+            weights += [parts.input_norm, qkv, o, parts.post_attention_norm, gate_up, down]
             biases += [p.bias for p in gemms]
             scales += [p.scale for p in gemms]
             out_features = [p.out_features for p in gemms]

@@ -109,8 +109,9 @@ def _read_meta(reader: GGUFReader) -> _Meta:
     return _Meta(fields=fields, arch=str(fields.get("general.architecture", "")))
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row permutation (interleaved RoPE pairs -> HF rotate_half halves).
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (interleaved RoPE pairs -> HF rotate_half halves); any trailing dims
+    (a quantized tensor's blocks) move with their row.
 
     llama.cpp wrote w.reshape(n_head, 2, d, ...).swapaxes(1, 2); this is its inverse, the same
     formula as transformers' LlamaTensorProcessor._reverse_permute_weights.
@@ -141,17 +142,20 @@ def _convert_tensors(reader: GGUFReader, meta: _Meta) -> dict[str, np.ndarray]:
         # ggml lists dims fastest-first; numpy/HF want them reversed.
         shape = tuple(reversed([int(d) for d in t.shape]))
         w = np.ascontiguousarray(_dequantize(t), dtype=np.float32).reshape(shape)
-        if t.name in _GLOBAL_NAMES:
-            out[_GLOBAL_NAMES[t.name]] = w
-            continue
-        m = _LAYER_RE.match(t.name)
-        if m is None or m.group(2) not in _LAYER_NAMES:
-            raise UnsupportedModelError(f"GGUF tensor {t.name!r} is not one of a llama model's")
-        layer, kind, suffix = m.groups()
-        if kind in ("attn_q", "attn_k"):
-            w = np.ascontiguousarray(_unpermute(w, n_head if kind == "attn_q" else n_kv))
-        out[f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}"] = w
+        name, heads = hf_name(t.name, n_head, n_kv)
+        out[name] = w if heads is None else np.ascontiguousarray(unpermute(w, heads))
     return out
+
+
+def hf_name(name: str, n_head: int, n_kv: int) -> tuple[str, int | None]:
+    """A llama GGUF tensor's Hugging Face name, and the head count its rows must be unpermuted by (q, k) or None."""
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name], None
+    m = _LAYER_RE.match(name)
+    if m is None or m.group(2) not in _LAYER_NAMES:
+        raise UnsupportedModelError(f"GGUF tensor {name!r} is not one of a llama model's")
+    layer, kind, suffix = m.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}", {"attn_q": n_head, "attn_k": n_kv}.get(kind)
 
 
 def _build_config(meta: _Meta, tensors: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kev.model.quant_weight import QuantWeight
+
 
 def can_prepack(weight: torch.Tensor) -> bool:
     """oneDNN prepacking exists for CPU fp32 / bf16 weights."""
@@ -133,11 +135,14 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.scale: torch.Tensor | None = None
-        self.packed: PackedWeight | GemmWeight | None = None
+        self.packed: PackedWeight | GemmWeight | QuantWeight | None = None
 
     def prepack(self, rows_hint: int, kev_gemm: bool) -> None:
         """Pack for the CPU kernel. Kev's GEMM packing replaces the plain weight (one copy held); packing again
-        (another engine on the same model) keeps it, or unpacks it first for another kernel."""
+        (another engine on the same model) keeps it, or unpacks it first for another kernel. Quantized blocks
+        (core.precision gguf, w8a8) are the only copy and run on their own kernel: kept as they are."""
+        if isinstance(self.packed, QuantWeight):
+            return
         if isinstance(self.packed, GemmWeight):
             if kev_gemm:
                 return
@@ -156,7 +161,10 @@ class Linear(nn.Module):
         return torch.cat([multiply(rows) for rows in x.split(tiles)])
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Rows `ids` of W in dtype (an embedding lookup): int8 rows times their scale."""
+        """Rows `ids` of W in dtype (an embedding lookup): int8 rows times their scale, quantized blocks
+        dequantized."""
+        if isinstance(self.packed, QuantWeight):
+            return self.packed.rows(ids).to(dtype)
         rows = self.packed.rows(ids) if isinstance(self.packed, GemmWeight) else self.weight[ids]
         if self.scale is None:
             return rows.to(dtype)
@@ -164,6 +172,8 @@ class Linear(nn.Module):
 
     def full_weight(self) -> torch.Tensor:
         """W [out, in] in fp32, dequantized and unpacked (a copy: for start-up work such as the router's table)."""
+        if isinstance(self.packed, QuantWeight):
+            return self.packed.unpack()
         weight = self.packed.unpack() if isinstance(self.packed, GemmWeight) else self.weight
         return weight.float() * self.scale[:, None] if self.scale is not None else weight.float()
 

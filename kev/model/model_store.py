@@ -49,6 +49,14 @@ def resolve_model_path(name_or_path: str) -> Path:
     )
 
 
+def gguf_source(name_or_path: str) -> Path | None:
+    """The .gguf file a model name stands for (an alias's or a path's), or None for a Hugging Face folder."""
+    if name_or_path in ALIASES:
+        return _alias_gguf(name_or_path, ALIASES[name_or_path])
+    path = Path(name_or_path).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
 def cache_root() -> Path:
     """Kev's cache: $KEV_CACHE_DIR, default ~/.cache/kev (models, kernels, probe verdicts)."""
     return Path(os.environ.get("KEV_CACHE_DIR") or "~/.cache/kev").expanduser()

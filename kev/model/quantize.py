@@ -1,4 +1,5 @@
-"""core.precision int8: weight-only, symmetric, one scale per output channel.
+"""core.precision int8: weight-only, symmetric, one scale per output channel (w8a8: the same weights, times
+per-row int8 activations on model/quant_weight.py's kernel).
 
 Every Linear's weight (the token table included: a tied model's head is the table) becomes int8 with
 an fp32 scale per row, W ≈ q · scale. Activations, norms and K/V stay in the compute dtype (bf16; fp16
@@ -9,13 +10,18 @@ skips the rounding.
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
+from kev.model.quant_weight import BLOCK, Kind, pack
+
+log = logging.getLogger("kev.model")
 
 SCALE_SUFFIX = ".scale"
 
@@ -25,6 +31,21 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     w = weight.float()
     scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
     return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+def to_w8a8(model: LlamaModel) -> None:
+    """core.precision w8a8: every int8 Linear (weight and per-column scale from quantize_rows) moves onto the
+    quantized-activation kernel (model/quant_weight.py) as int8 blocks with its scale; one copy is kept."""
+    for module in model.modules():
+        if isinstance(module, Linear) and module.scale is not None:
+            if module.in_features % BLOCK:
+                log.info("w8a8: a linear with in_features %d (not a multiple of %d) stays int8 weight-only",
+                         module.in_features, BLOCK)
+                continue
+            module.packed = pack(module.weight.data, None, None, Kind.Q8, "w8a8", scale=module.scale,
+                                 bias=module.bias)
+            module.weight = nn.Parameter(module.weight.data.new_empty(0), requires_grad=False)
+            module.scale = None
 
 
 def linear_names(model: LlamaModel) -> list[str]:

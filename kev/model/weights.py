@@ -14,7 +14,10 @@ from kev.model.gemma import fold_norm_weights
 from kev.model.llama import LlamaModel
 from kev.model.model_config import ModelConfig
 from kev.model.model_store import cache_root
-from kev.model.quantize import attach_scales, cache_path, quantize_state, read_cached, split_scales, write_cache
+from kev.model.gguf_weights import attach_gguf, finish_quant_biases
+from kev.model.linear import Linear
+from kev.model.quantize import (attach_scales, cache_path, quantize_state, read_cached, split_scales, to_w8a8,
+                                write_cache)
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -25,12 +28,18 @@ _FUSED = {
 }
 
 
-def load_model(folder: Path, precision: str, device: torch.device, max_positions: int) -> LlamaModel:
-    """precision: fp32 | bf16 | fp16 | int8 (weight-only; the quantized weights are cached, kev/model/quantize.py)."""
+def load_model(folder: Path, precision: str, device: torch.device, max_positions: int,
+               gguf: Path | None = None) -> LlamaModel:
+    """precision: fp32 | bf16 | fp16 | int8 (weight-only; the quantized weights are cached, kev/model/quantize.py) |
+    w8a8 (int8 weights and activations) | gguf (the blocks of `gguf`, the file `folder` was converted from)."""
     cfg = ModelConfig.from_folder(folder)
     with torch.device("meta"):
         model = model_class(cfg)(cfg, max_positions)
-    int8_file = cache_path(folder, cache_root()) if precision == "int8" else None
+    if precision == "gguf":
+        if gguf is None:
+            raise UnsupportedModelError(f"{folder}: core.precision gguf needs a .gguf model (this is a folder)")
+        return _finish_gguf(model, gguf, device)
+    int8_file = cache_path(folder, cache_root()) if precision in ("int8", "w8a8") else None
     state = read_cached(int8_file) if int8_file else None
     if state is None:
         state = _to_kev_names(_read_safetensors(folder), cfg)
@@ -40,7 +49,26 @@ def load_model(folder: Path, precision: str, device: torch.device, max_positions
         if int8_file:
             state = quantize_state(state, model)
             write_cache(int8_file, state)
-    return _finish(model, state, precision, device)
+    model = _finish(model, state, precision, device)
+    if precision == "w8a8":
+        to_w8a8(model)
+    return model
+
+
+def _finish_gguf(model: LlamaModel, gguf: Path, device: torch.device) -> LlamaModel:
+    """The GGUF's linear weights in their blocks, the rest (norms) from the file in the compute dtype."""
+    cfg = model.config
+    dense = attach_gguf(model, gguf, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.tie_word_embeddings)
+    held = {name + ".weight" for name, m in model.named_modules() if isinstance(m, Linear) and m.packed is not None}
+    missing = set(model.state_dict()) - set(dense) - held
+    if missing:
+        raise UnsupportedModelError(f"{gguf}: the file lacks weights {sorted(missing)[:5]}")
+    model.load_state_dict(dense, strict=False, assign=True)
+    dtype = DTYPES[activation_precision("gguf", str(device))]
+    model = model.to(device=device, dtype=dtype).eval()
+    finish_quant_biases(model)
+    model.rope = model.make_rope().to(device, dtype)
+    return model
 
 
 def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_positions: int,
@@ -54,7 +82,10 @@ def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_pos
         else:
             param.data.normal_(0.0, 0.02, generator=generator)
     state = model.state_dict()
-    return _finish(model, quantize_state(state, model) if precision == "int8" else state, precision, device)
+    model = _finish(model, quantize_state(state, model) if precision in ("int8", "w8a8") else state, precision, device)
+    if precision == "w8a8":
+        to_w8a8(model)
+    return model
 
 
 def _finish(model: LlamaModel, state: dict[str, torch.Tensor], precision: str, device: torch.device) -> LlamaModel:

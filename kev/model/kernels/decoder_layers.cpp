@@ -10,6 +10,14 @@
 
 namespace kev {
 
+// A linear of either kernel: Kev's GEMM, or the quantized one (uint8 cells, kernels/quant_gemm.cpp: core.precision
+// gguf / w8a8), whose fp32 result is rounded to x's dtype exactly as its Python caller does (QuantWeight.__call__).
+static at::Tensor any_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
+                             const c10::optional<at::Tensor>& s, int64_t out_features) {
+  if (w.scalar_type() == at::kByte) return quant_linear(x, w, s, b, out_features, 0).to(x.scalar_type());
+  return linear(x, w, b, s, out_features);
+}
+
 // weights: per layer [input norm, qkv, o, post-attention norm, gate_up, down] (linears packed by
 // model/linear.py's GemmWeight); biases, scales (int8 weights' per-column scales): per layer one per linear
 // [qkv, o, gate_up, down];
@@ -33,15 +41,15 @@ at::Tensor decoder_layers(
     const c10::optional<at::Tensor>* b = biases.data() + 4 * i;
     const c10::optional<at::Tensor>* s = scales.data() + 4 * i;
     at::Tensor h = pending.defined() ? add_rms_norm(pending, x, w[0], eps) : rms_norm(x, w[0], eps);
-    at::Tensor qkv = linear(h, w[1], b[0], s[0], out_features[0]);
+    at::Tensor qkv = any_linear(h, w[1], b[0], s[0], out_features[0]);
     rope_store_kv_(qkv, caches[i], cos, sin, positions, token_rows, slot_mapping, heads, kv_heads, dim);
     at::Tensor q = qkv.narrow(1, 0, heads * dim).view({num_rows, heads, dim});
     at::Tensor attended = at::empty({num_rows, heads, dim}, x.options());
     if (padding_rows) attended.index_fill_(0, *padding_rows, 0);  // rows no channel owns
     paged_attention(q, caches[i], attended, rows, kv_slots, starts, lengths, scale);
-    at::Tensor out = linear(attended.view({num_rows, heads * dim}), w[2], b[1], s[1], out_features[1]);
+    at::Tensor out = any_linear(attended.view({num_rows, heads * dim}), w[2], b[1], s[1], out_features[1]);
     h = add_rms_norm(out, x, w[3], eps);
-    pending = linear(silu_mul(linear(h, w[4], b[2], s[2], out_features[2])), w[5], b[3], s[3], out_features[3]);
+    pending = any_linear(silu_mul(any_linear(h, w[4], b[2], s[2], out_features[2])), w[5], b[3], s[3], out_features[3]);
   }
   return pending;
 }

@@ -1,0 +1,434 @@
+// Block-quantized weights × per-row int8 activations (core.precision gguf and w8a8): y = x Wᵀ (+ b), every row's
+// bits independent of the other rows, of the thread count and of the instruction set used.
+//
+// Weights (model/quant_weight.py packs them): cells of 16 output columns × 32 k, as GGUF's Q8_0 / Q4_0 / Q4_1
+// blocks hold them: quants (Q8: int8; Q4: 0..15, two per byte), one fp16 scale d per column and block (Q4_1: and
+// an fp16 min m; w8a8: no d, one fp32 scale per column applied to the finished sum), Q8: each block's quant sum.
+// Inside a cell the quants are laid out as vpdpbusd reads them: 16 columns × 4 consecutive k per 64 bytes (Q4: the
+// low nibbles of 64 bytes are one such step, the high nibbles the next).
+//
+// Activations: each row is quantized on its own, in blocks of 32 (as llama.cpp's q8_0 / q8_1): dx = max|x| / 127,
+// q = round-to-nearest-even(x · (1 / dx)), and the block's sum of q. So a row's quantization depends on that row
+// alone.
+//
+// One output element (row m, column n) is, with isum the exact int32 dot product of block b:
+//   acc = 0; for b in order: acc = acc + (float(isum_b) · d[n,b]) · dx[m,b];  Q4_1: acc = acc + m[n,b] · sx[m,b]
+// (sx = dx · float(sum q); each · and + a separately rounded fp32 operation, never fused), then · scale[n] (w8a8),
+// + bias[n]. isum is an integer, so whichever instructions produce it (vpdpbusd on 512 or 256 bits, vpmaddubsw +
+// vpmaddwd on AVX2, float64 matmul in torch's fallback) it is the same number, and the fp32 steps are the same
+// operations in the same order: the same bits on every path, at every M and thread count, by construction.
+//
+// This file is compiled with the other kernels under -march=native; #pragma GCC optimize keeps the compiler from
+// contracting the mul + add above into an FMA (which would round once instead of twice).
+#pragma GCC optimize("fp-contract=off")
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define KEV_QUANT_AVX2 1
+#else
+#define KEV_QUANT_AVX2 0
+#endif
+#if KEV_QUANT_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define KEV_QUANT_AVX512 1
+#else
+#define KEV_QUANT_AVX512 0
+#endif
+
+namespace kev {
+namespace {
+
+constexpr int kCols = 16;     // output columns per packed block
+constexpr int kBlockK = 32;   // k per quant block
+constexpr int kMaxRows = 4;   // rows per register tile
+constexpr int kMaxBlocks = 8; // column blocks per register tile
+
+enum Kind : int64_t { kQ8 = 0, kQ4 = 1, kQ4Min = 2 };  // Q4: q - 8 (Q4_0); Q4Min: d·q + m (Q4_1)
+enum Path : int64_t { kAuto = 0, kAvx512 = 1, kAvx2 = 2 };
+
+// One row quantized: q (int8) and q + 128 (as bytes, for Q8 weights where the activation is vpdpbusd's unsigned
+// side), per block the scale, the sum of q and the scaled sum.
+struct RowsQ {
+  std::vector<int8_t> q;
+  std::vector<uint8_t> u;
+  std::vector<float> dx, sx;
+  std::vector<int32_t> qsum;
+};
+
+// Scalar on purpose: the rounding (nearbyint under the default round-to-nearest-even mode) and the divisions must be
+// exactly what the torch fallback does, and quantizing is O(M·K) against the GEMM's O(M·N·K).
+void quantize_row(const float* x, int64_t k, int8_t* q, uint8_t* u, float* dx, float* sx, int32_t* qsum) {
+  for (int64_t b = 0; b < k / kBlockK; ++b) {
+    const float* xb = x + b * kBlockK;
+    float amax = 0.0f;
+    for (int i = 0; i < kBlockK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < kBlockK; ++i) {
+      const float scaled = xb[i] * id;
+      const int32_t v = static_cast<int32_t>(std::nearbyint(scaled));
+      q[b * kBlockK + i] = static_cast<int8_t>(v);
+      u[b * kBlockK + i] = static_cast<uint8_t>(v + 128);
+      sum += v;
+    }
+    dx[b] = d;
+    qsum[b] = sum;
+    sx[b] = d * static_cast<float>(sum);
+  }
+}
+
+RowsQ quantize_rows(const at::Tensor& x) {
+  const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlockK;
+  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const float* xp = xf.data_ptr<float>();
+  RowsQ r;
+  r.q.resize(rows * k), r.u.resize(rows * k);
+  r.dx.resize(rows * blocks), r.sx.resize(rows * blocks), r.qsum.resize(rows * blocks);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m)
+      quantize_row(xp + m * k, k, r.q.data() + m * k, r.u.data() + m * k, r.dx.data() + m * blocks,
+                   r.sx.data() + m * blocks, r.qsum.data() + m * blocks);
+  });
+  return r;
+}
+
+// The packed weight: cells [column blocks][k blocks][cell bytes], each cell 16 columns × 32 k: the quants (512
+// bytes Q8, 256 Q4), then 16 fp16 scales d (none under w8a8), 16 fp16 mins (Q4Min), 16 int16 quant sums (Q8).
+// One stream of bytes per column block, in the order the kernel reads them. The cell size names the layout.
+struct Weights {
+  const uint8_t* cells;
+  int64_t cell_bytes;
+  Kind kind;
+  bool has_d;
+  const float* scale;     // w8a8: per column, padded; else null
+  const float* bias;      // padded, or null
+  int64_t kblocks, out_features;
+  int64_t quant_bytes() const { return kind == kQ8 ? 512 : 256; }
+  const uint8_t* cell(int64_t block, int64_t b) const { return cells + (block * kblocks + b) * cell_bytes; }
+  const uint16_t* d(const uint8_t* cell) const { return reinterpret_cast<const uint16_t*>(cell + quant_bytes()); }
+  const uint16_t* m(const uint8_t* cell) const { return reinterpret_cast<const uint16_t*>(cell + quant_bytes() + 32); }
+  const int16_t* wsum(const uint8_t* cell) const { return reinterpret_cast<const int16_t*>(cell + cell_bytes - 32); }
+};
+
+// The layout a cell size stands for (model/quant_weight.py's CELL_BYTES): (kind, has d), or kind -1.
+std::pair<int64_t, bool> layout_of(int64_t cell_bytes) {
+  switch (cell_bytes) {
+    case 576: return {kQ8, true};
+    case 544: return {kQ8, false};
+    case 288: return {kQ4, true};
+    case 320: return {kQ4Min, true};
+    default: return {-1, false};
+  }
+}
+
+struct Acts {
+  const RowsQ* r;
+  int64_t k, kblocks;
+};
+
+#if KEV_QUANT_AVX512
+// Register tile: MR rows × NB column blocks, every k block in order. Within a k block all MR × NB integer sums are
+// independent chains (integer addition is exact, so how the 8 steps are chained cannot change a sum); the fp32
+// steps then run per element in the fixed order described above.
+template <int NB, int MR>
+void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+  __m512 acc[MR][NB];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const RowsQ& rq = *a.r;
+  for (int64_t b = 0; b < a.kblocks; ++b) {
+    __m512i isum[MR][NB];
+    for (int r = 0; r < MR; ++r)
+      for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_setzero_si512();
+    const uint8_t* qs = w.cell(block0, b);
+    const int64_t stride = a.kblocks * w.cell_bytes;  // to the next column block's cell of this k block
+    if (w.kind == kQ8) {  // (q + 128) · w, then - 128 · sum w
+      for (int s = 0; s < 8; ++s) {
+        __m512i xs[MR];
+        for (int r = 0; r < MR; ++r) {
+          int32_t v;
+          std::memcpy(&v, rq.u.data() + (row0 + r) * a.k + b * kBlockK + s * 4, 4);
+          xs[r] = _mm512_set1_epi32(v);
+        }
+        for (int j = 0; j < NB; ++j) {
+          const __m512i wv = _mm512_loadu_si512(qs + j * stride + s * 64);
+          for (int r = 0; r < MR; ++r) isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], xs[r], wv);
+        }
+      }
+      for (int j = 0; j < NB; ++j) {
+        const int16_t* ws = w.wsum(w.cell(block0 + j, b));
+        const __m512i c = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws))), 7);
+        for (int r = 0; r < MR; ++r) isum[r][j] = _mm512_sub_epi32(isum[r][j], c);
+      }
+    } else {  // q (0..15, unsigned side) · x
+      for (int g = 0; g < 4; ++g) {
+        int32_t x0[MR], x1[MR];
+        for (int r = 0; r < MR; ++r) {
+          const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
+          std::memcpy(&x0[r], xr, 4), std::memcpy(&x1[r], xr + 4, 4);
+        }
+        for (int j = 0; j < NB; ++j) {
+          const __m512i raw = _mm512_loadu_si512(qs + j * stride + g * 64);
+          const __m512i lo = _mm512_and_si512(raw, low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+          for (int r = 0; r < MR; ++r) {
+            isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], lo, _mm512_set1_epi32(x0[r]));
+            isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], hi, _mm512_set1_epi32(x1[r]));
+          }
+        }
+      }
+      if (w.kind == kQ4)
+        for (int r = 0; r < MR; ++r) {
+          const __m512i c = _mm512_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8);
+          for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_sub_epi32(isum[r][j], c);
+        }
+    }
+    for (int j = 0; j < NB; ++j) {
+      const uint8_t* cell = w.cell(block0 + j, b);
+      const __m512 dw = w.has_d ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d(cell))))
+                                : _mm512_setzero_ps();
+      for (int r = 0; r < MR; ++r) {
+        __m512 f = _mm512_cvtepi32_ps(isum[r][j]);
+        if (w.has_d) f = _mm512_mul_ps(f, dw);
+        f = _mm512_mul_ps(f, _mm512_set1_ps(rq.dx[(row0 + r) * a.kblocks + b]));
+        acc[r][j] = _mm512_add_ps(acc[r][j], f);
+      }
+      if (w.kind == kQ4Min) {
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m(cell))));
+        for (int r = 0; r < MR; ++r)
+          acc[r][j] = _mm512_add_ps(acc[r][j], _mm512_mul_ps(mw, _mm512_set1_ps(rq.sx[(row0 + r) * a.kblocks + b])));
+      }
+    }
+  }
+  for (int j = 0; j < NB; ++j) {
+    const int64_t col = (block0 + j) * kCols, left = w.out_features - col;
+    if (left <= 0) break;
+    const __mmask16 mask = left >= kCols ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    for (int r = 0; r < MR; ++r) {
+      __m512 v = acc[r][j];
+      if (w.scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scale + col));
+      if (w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + col));
+      _mm512_mask_storeu_ps(out + (row0 + r) * w.out_features + col, mask, v);
+    }
+  }
+}
+#endif
+
+#if KEV_QUANT_AVX2
+// Four signed-byte products summed per int32 lane: vpdpbusd where AVX-VNNI exists, else vpmaddubsw + vpmaddwd (no
+// saturation here: the unsigned side is at most 15 for Q4 and 128 (|w|) for Q8, the signed side at most 127).
+inline __m256i dot4(__m256i acc, __m256i u8, __m256i s8) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u8, s8);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+#endif
+}
+
+// The same tile on 256 bits: each 16-column block is two halves of 8 columns, each half the same sums.
+template <int NB, int MR>
+void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+  __m256 acc[MR][2 * NB];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < 2 * NB; ++j) acc[r][j] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const RowsQ& rq = *a.r;
+  for (int64_t b = 0; b < a.kblocks; ++b) {
+    for (int j = 0; j < 2 * NB; ++j) {
+      const uint8_t* cell = w.cell(block0 + j / 2, b);
+      const uint8_t* qs = cell + (j % 2) * 32;
+      __m256i isum[MR];
+      for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
+      if (w.kind == kQ8) {  // |w| · (x with w's sign): the plain sum x · w
+        for (int s = 0; s < 8; ++s) {
+          const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + s * 64));
+          const __m256i wabs = _mm256_sign_epi8(wv, wv);
+          for (int r = 0; r < MR; ++r) {
+            int32_t xs;
+            std::memcpy(&xs, rq.q.data() + (row0 + r) * a.k + b * kBlockK + s * 4, 4);
+            isum[r] = dot4(isum[r], wabs, _mm256_sign_epi8(_mm256_set1_epi32(xs), wv));
+          }
+        }
+      } else {
+        for (int g = 0; g < 4; ++g) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 64));
+          const __m256i lo = _mm256_and_si256(raw, low4);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+          for (int r = 0; r < MR; ++r) {
+            int32_t x0, x1;
+            const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
+            std::memcpy(&x0, xr, 4), std::memcpy(&x1, xr + 4, 4);
+            isum[r] = dot4(isum[r], lo, _mm256_set1_epi32(x0));
+            isum[r] = dot4(isum[r], hi, _mm256_set1_epi32(x1));
+          }
+        }
+        if (w.kind == kQ4)
+          for (int r = 0; r < MR; ++r)
+            isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8));
+      }
+      const int64_t at = (j % 2) * 8;
+      const __m256 dw = w.has_d ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d(cell) + at)))
+                                : _mm256_setzero_ps();
+      for (int r = 0; r < MR; ++r) {
+        __m256 f = _mm256_cvtepi32_ps(isum[r]);
+        if (w.has_d) f = _mm256_mul_ps(f, dw);
+        f = _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[(row0 + r) * a.kblocks + b]));
+        acc[r][j] = _mm256_add_ps(acc[r][j], f);
+      }
+      if (w.kind == kQ4Min) {
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m(cell) + at)));
+        for (int r = 0; r < MR; ++r)
+          acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(mw, _mm256_set1_ps(rq.sx[(row0 + r) * a.kblocks + b])));
+      }
+    }
+  }
+  for (int j = 0; j < 2 * NB; ++j) {
+    const int64_t col = (block0 + j / 2) * kCols + (j % 2) * 8;
+    const int64_t left = std::min<int64_t>(8, w.out_features - col);
+    if (left <= 0) break;
+    for (int r = 0; r < MR; ++r) {
+      __m256 v = acc[r][j];
+      if (w.scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(w.scale + col));
+      if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + col));
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, v);
+      std::memcpy(out + (row0 + r) * w.out_features + col, tmp, left * sizeof(float));
+    }
+  }
+}
+#endif
+
+using TileFn = void (*)(const Weights&, const Acts&, int64_t, int64_t, float*);
+
+// The tile for (column blocks, rows) on a path; null when the path is not built.
+TileFn pick_tile(Path path, int nb, int mr) {
+#define KEV_ROW(fn, nb) {fn<nb, 1>, fn<nb, 2>, fn<nb, 3>, fn<nb, 4>}
+#define KEV_TILES(fn)                                                                                         \
+  {                                                                                                           \
+    static const TileFn table[kMaxBlocks][kMaxRows] = {KEV_ROW(fn, 1), KEV_ROW(fn, 2), KEV_ROW(fn, 3),          \
+                                                       KEV_ROW(fn, 4), KEV_ROW(fn, 5), KEV_ROW(fn, 6),          \
+                                                       KEV_ROW(fn, 7), KEV_ROW(fn, 8)};                         \
+    return table[nb - 1][mr - 1];                                                                             \
+  }
+#if KEV_QUANT_AVX512
+  if (path == kAvx512) KEV_TILES(tile512)
+#endif
+#if KEV_QUANT_AVX2
+  if (path == kAvx2) KEV_TILES(tile256)
+#endif
+#undef KEV_TILES
+#undef KEV_ROW
+  (void)nb, (void)mr;
+  return nullptr;
+}
+
+Path best_path() {
+#if KEV_QUANT_AVX512
+  return kAvx512;
+#elif KEV_QUANT_AVX2
+  return kAvx2;
+#else
+  return kAuto;
+#endif
+}
+
+}  // namespace
+
+// x: [M, K] bf16 / fp32 (K a multiple of 32); cells: the packed weight as above. Returns fp32 [M, out_features].
+// path: 0 the best built, 1 AVX-512 VNNI, 2 AVX2 (tests force each to compare their bits).
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
+                        const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % kBlockK == 0,
+              "kev::quant_linear: x must be a contiguous [rows, K] matrix with K a multiple of 32");
+  const int64_t kblocks = x.size(1) / kBlockK;
+  TORCH_CHECK(cells.is_contiguous() && cells.scalar_type() == at::kByte && cells.dim() == 3 &&
+                  cells.size(1) == kblocks && cells.size(0) * kCols >= out_features,
+              "kev::quant_linear: packed cells must be uint8 [column blocks, K/32, cell bytes]");
+  const auto [kind, has_d] = layout_of(cells.size(2));
+  TORCH_CHECK(kind >= 0, "kev::quant_linear: no layout has ", cells.size(2), "-byte cells");
+  const auto ptr = [](const c10::optional<at::Tensor>& t) -> const float* {
+    return t && t->defined() ? t->data_ptr<float>() : nullptr;
+  };
+  TORCH_CHECK(has_d != (ptr(scale) != nullptr), "kev::quant_linear: a per-column scale exactly when cells have no d");
+  const Path chosen = path == kAuto ? best_path() : static_cast<Path>(path);
+  TORCH_CHECK(pick_tile(chosen, 1, 1) != nullptr, "kev::quant_linear: path ", path, " is not built on this CPU");
+  const Weights w{cells.data_ptr<uint8_t>(), cells.size(2), static_cast<Kind>(kind), has_d, ptr(scale), ptr(bias),
+                  kblocks, out_features};
+  const int64_t rows = x.size(0), blocks = (out_features + kCols - 1) / kCols;
+  auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
+  if (rows == 0) return out;
+  const RowsQ rq = quantize_rows(x);
+  const Acts a{&rq, x.size(1), kblocks};
+  float* op = out.data_ptr<float>();
+  // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (w.cell_bytes * kblocks * (1 + rows / 4)));
+  // Tile shape: accumulators and integer sums of MR × NB blocks must fit the registers (AVX2 halves count twice).
+  const int wide = chosen == kAvx2 ? (rows == 1 ? 4 : 2) : rows == 1 ? 8 : rows == 2 ? 4 : 3;
+  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end;) {
+      const int nb = static_cast<int>(std::min<int64_t>(wide, end - block));
+      for (int64_t row0 = 0; row0 < rows; row0 += kMaxRows) {
+        const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, rows - row0));
+        pick_tile(chosen, nb, mr)(w, a, row0, block, op);
+      }
+      block += nb;
+    }
+  });
+  return out;
+}
+
+// Names of the paths built here, best first ("avx512-vnni", "avx2" or "avx2-vnni"); empty: torch's fallback.
+std::vector<std::string> quant_linear_paths() {
+  std::vector<std::string> paths;
+#if KEV_QUANT_AVX512
+  paths.emplace_back("avx512-vnni");
+#endif
+#if KEV_QUANT_AVX2
+#if defined(__AVXVNNI__)
+  paths.emplace_back("avx2-vnni");
+#else
+  paths.emplace_back("avx2");
+#endif
+#endif
+  return paths;
+}
+
+// The activation quantization alone (tests and the torch fallback's check): (q int8 [M, K], dx fp32 [M, K/32]).
+std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % kBlockK == 0,
+              "kev::quantize_activations: x must be a contiguous [rows, K] matrix with K a multiple of 32");
+  const RowsQ rq = quantize_rows(x);
+  auto q = at::empty({x.size(0), x.size(1)}, x.options().dtype(at::kChar));
+  auto dx = at::empty({x.size(0), x.size(1) / kBlockK}, x.options().dtype(at::kFloat));
+  std::memcpy(q.data_ptr<int8_t>(), rq.q.data(), rq.q.size());
+  std::memcpy(dx.data_ptr<float>(), rq.dx.data(), rq.dx.size() * sizeof(float));
+  return {q, dx};
+}
+
+}  // namespace kev
+
+TORCH_LIBRARY_FRAGMENT(kev, m) {
+  m.def("quant_linear(Tensor x, Tensor cells, Tensor? scale, Tensor? bias, int out_features, int path=0) -> Tensor");
+  m.def("quant_linear_paths() -> str[]", &kev::quant_linear_paths);
+  m.def("quantize_activations(Tensor x) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(kev, CPU, m) {
+  m.impl("quant_linear", &kev::quant_linear);
+  m.impl("quantize_activations", &kev::quantize_activations);
+}
