@@ -68,13 +68,14 @@ class LocalCluster:
         threads = ["--threads", str(self.worker_threads)] if self.worker_threads else []
         for i in range(self.num_workers):
             self._spawn(f"worker{i}", ["worker", *base, "--partition", str(i), "--id", f"worker{i}", *threads])
-        self._spawn("router", ["serve", *base, "--host", self.host, "--port", str(self.port)])
+        self._spawn("router", ["serve", *base])  # its host and port are in the config (a flag may not contradict it)
         self._wait_ready(timeout)
         self.write_status()
 
     def _write_config(self, nats_url: str) -> tuple[Path, str | None]:
         config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url,
-                                                      "workers": self.num_workers, "devices": []}})
+                                                      "workers": self.num_workers, "devices": []},
+                                           "server": {"host": self.host, "port": self.port}})
         path = self.workdir / "kev.yaml"
         # JSON is YAML
         path.write_text(json.dumps({"kev": config.model_dump(mode="json", exclude_none=True)}, indent=1))
