@@ -17,16 +17,14 @@ import asyncio
 import itertools
 import json
 import os
-import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
+from served import machine, start_server  # bench/served.py
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,23 +32,6 @@ MAX_GROWTH = 0.05
 TOPICS = ("the sea", "a cat", "mountains", "rain", "coffee", "trains", "the moon", "a garden", "music", "winter")
 
 
-def start_server(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    log = (folder / "server.log").open("wb")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "serve", "--port", str(port)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"kev serve exited with {proc.returncode}; see {folder / 'server.log'}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("kev serve was not ready within 900 s")
 
 
 def request_for(n: int) -> tuple[str, dict[str, object], bool]:
@@ -109,12 +90,6 @@ def verdict(samples: list[tuple[float, float]], warmup_s: float) -> tuple[float,
     return first, last, (last - first) / first
 
 
-def machine() -> str:
-    info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
-    info = {k.strip(): v.strip() for k, v in info.items()}
-    model = f"{info.get('model name', platform.processor())} (cpu family {info.get('cpu family', '?')})"
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    return f"{model}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB; load average {load}"
 
 
 def main() -> int:

@@ -13,12 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import resource
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -26,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from served import free_port, machine, start_server  # bench/served.py
 
 REPO = Path(__file__).resolve().parents[1]
 FLOOD_ADDRESS, CLIENT_ADDRESS = "127.0.0.2", "127.0.0.1"
@@ -51,29 +47,8 @@ class Batch:
         return f"| {label} | {ok}/{sum(self.statuses.values())} | {median:.2f} | {slowest:.2f} | {others} |"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
-def start_server(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    log = (folder / "server.log").open("wb")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "serve", "--port", str(port)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"kev serve exited with {proc.returncode}; see {folder / 'server.log'}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("kev serve was not ready within 900 s")
 
 
 async def trickle(port: int, flood: Flood, stop: asyncio.Event) -> None:
@@ -133,12 +108,6 @@ async def measure(port: int, num_sockets: int, num_requests: int) -> tuple[Batch
     return baseline, flooded, flood, time.monotonic() - started
 
 
-def machine() -> str:
-    info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
-    info = {k.strip(): v.strip() for k, v in info.items()}
-    model = f"{info.get('model name', platform.processor())} (cpu family {info.get('cpu family', '?')})"
-    load = Path("/proc/loadavg").read_text().split()[:3]
-    return f"{model}, {os.cpu_count()} CPUs, load average {' '.join(load)} at the start"
 
 
 def main() -> int:
