@@ -22,7 +22,7 @@ class ProgressLines:
         self._started = time.monotonic()
         self._last_at: float | None = None
         self._last_percent = 0.0
-        self._last_line = ""
+        self._last_count = ""
 
     def update(self, done: float, total: float | None, detail: str = "", label: str | None = None) -> None:
         now = time.monotonic()
@@ -33,7 +33,7 @@ class ProgressLines:
             self._write(now, done, total, percent, detail, label)
 
     def close(self, done: float, total: float | None, detail: str = "", label: str | None = None) -> None:
-        """The last line (unless the last update already said exactly this)."""
+        """The last line (unless the last update already reached the same count: its rates are news enough)."""
         now = time.monotonic()
         self._write(now, done, total, 100.0 * done / total if total else None, detail, label, final=True)
 
@@ -41,11 +41,11 @@ class ProgressLines:
                label: str | None, final: bool = False) -> None:
         count = f"{done:g}/{total:g} ({percent:.0f}%)" if total and percent is not None else f"{done:g}"
         body = f"{label or self.label}: {count}" + (f", {detail}" if detail else "")
-        if final and body == self._last_line:
+        if final and count == self._last_count:
             return
         self.stream.write(f"{body}, elapsed {clock(now - self._started)}\n")
         self.stream.flush()
-        self._last_at, self._last_line = now, body
+        self._last_at, self._last_count = now, count
         if percent is not None:
             self._last_percent = percent - percent % self.step_percent  # the step it reached: 37% -> 30%
 
