@@ -5,6 +5,7 @@ Each engine says how its results are ordered (_ordered), which Request holds its
 its requests may be read (_home: in place, or on the cluster router's event loop)."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -16,13 +17,14 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
-class RequestFront(Generic[R]):
+class RequestFront(ABC, Generic[R]):
     requests: dict[str, R]
     submit: Callable[..., str]  # each engine's own: submit(queries, **options) -> request_id
 
     # --- what each engine says -----------------------------------------------------
+    @abstractmethod
     def _ordered(self, request: R) -> list[Result]:
-        raise NotImplementedError
+        """The request's results so far, in aggregator.mode's order."""
 
     def _view(self, request: R) -> Request:
         assert isinstance(request, Request)
