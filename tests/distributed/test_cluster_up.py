@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from harness import wait_until
 
 from kev.distributed.nats_server import free_port
 from tests.distributed.cluster_harness import REPO
@@ -50,25 +51,17 @@ def test_cluster_up_answers_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
             launcher.kill()
 
 
-def wait_for(predicate, timeout: float = 300.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.2)
-    return value
-
-
 def worker_restarts_after_a_kill(tmp_path: Path, port: int, worker: psutil.Process) -> None:
     """Issue 24: a worker that dies is reported at once (console and /health's detail), restarted with back-off,
     and `kev cluster status` lists its restart."""
     worker.kill()
     log = tmp_path / "launcher.log"
-    wait_for(lambda: "worker0 exited with -9; restarting it in 1 s" in log.read_text(), 60)
-    gone = wait_for(lambda: "worker0" in (httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json().get("detail")
-                                          or ""), 120)
+    wait_until(lambda: "worker0 exited with -9; restarting it in 1 s" in log.read_text(), 300)
+    health = f"http://127.0.0.1:{port}/health"
+    gone = wait_until(lambda: "worker0" in (httpx.get(health, timeout=30).json().get("detail") or ""), 120)
     assert gone
-    wait_for(lambda: "worker0 restarted" in log.read_text(), 60)
-    wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json().get("detail") is None)
+    wait_until(lambda: "worker0 restarted" in log.read_text(), 300)
+    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json().get("detail") is None, 300)
     answered = httpx.post(f"http://127.0.0.1:{port}/v1/query", json={"queries": ["Say hi."]}, timeout=300)
     assert answered.status_code == 200 and answered.json()["results"][0]["status"] == "ok"
     status = subprocess.run([sys.executable, "-m", "kev.cli.main", "cluster", "status", "--workdir",

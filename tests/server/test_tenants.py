@@ -9,14 +9,13 @@ import re
 import socket
 import stat
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from harness import ServerProcess, metric, read_sse
+from harness import ServerProcess, metric, read_sse, wait_until
 
 pytestmark = pytest.mark.service
 
@@ -47,15 +46,6 @@ def as_(server: ServerProcess) -> Iterator[dict[str, httpx.Client]]:
     yield clients
     for client in clients.values():
         client.close()
-
-
-def wait_until(predicate: Any, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def test_another_tenants_request_is_unknown(as_: dict[str, httpx.Client]) -> None:
