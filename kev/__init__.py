@@ -16,6 +16,7 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 from kev.aggregator.result import Result
 from kev.config import KevConfig, load_config
 from kev.engine.request import StreamEvent
+from kev.engine.sampling_params import SamplingParams
 from kev.errors import (ConfigError, InvalidRequestError, KevError, OverflowTimeoutError, RejectedError,
                         UnknownRequestError)
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from kev.engine.engine import Engine
 
 __all__ = ["ConfigError", "Engine", "InvalidRequestError", "KevConfig", "KevError", "OverflowTimeoutError",
-           "RejectedError", "Result", "StreamEvent", "UnknownRequestError", "load_config"]
+           "RejectedError", "Result", "SamplingParams", "StreamEvent", "UnknownRequestError", "load_config"]
 __version__ = "0.1.0"
 
 

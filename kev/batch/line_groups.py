@@ -33,8 +33,8 @@ def prompt_text(request: BatchRequest) -> str:
 
 def _shape(request: BatchRequest) -> str:
     """What must be equal for lines to share one engine request."""
-    return json.dumps([request.kind, request.options, request.n, request.keep, request.logprobs,
-                       request.echo is not None], sort_keys=True, default=str)
+    return json.dumps([request.kind, request.sampling.to_json(), request.options, request.n, request.keep,
+                       request.logprobs, request.echo is not None], sort_keys=True, default=str)
 
 
 def _common_chars(a: str, b: str) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from kev.engine.sampling_params import SamplingParams
 from kev.batch.input_file import CHAT_URL, BatchLine, LineError
 from kev.config import KevConfig
 from kev.server.answer_errors import BodyShape
@@ -28,7 +29,8 @@ class BatchRequest:
 
     line: BatchLine
     queries: list[Any]
-    options: dict[str, Any]
+    sampling: SamplingParams
+    options: dict[str, Any]  # submit()'s request-level options (isolation, timeout_ms)
     kind: Kind
     n: int  # candidates per prompt (best_of, else n); question index = prompt_index * n + candidate
     keep: int  # choices answered per prompt (n): the most likely `keep` of the n candidates
@@ -89,9 +91,9 @@ class RequestBuilder:
         messages = [m.to_engine() for m in chat.messages]
         self.limits.check_chars(sum(len(m["content"]) for m in messages), "messages")
         queries = [chat.seeded({"messages": messages}, j) for j in range(chat.num_candidates)]
-        options = {"max_tokens": self.limits.default_max_tokens,
-                   **chat.engine_options(chat.max_completion_tokens or chat.max_tokens), **chat.logprob_options()}
-        return BatchRequest(line, queries, _ranked(options, chat.num_candidates, chat.n), "chat", chat.num_candidates,
+        sampling = chat.engine_sampling(chat.max_completion_tokens or chat.max_tokens, chat.logprob_options())
+        return BatchRequest(line, queries, sampling.with_max_tokens(self.limits.default_max_tokens),
+                            chat.request_options(), "chat", chat.num_candidates,
                             chat.n, bool(chat.logprobs), structure_field=chat.structure()[0])
 
     def _completion(self, line: BatchLine, body: dict[str, Any]) -> BatchRequest:
@@ -103,8 +105,8 @@ class RequestBuilder:
         for i, prompt in enumerate(prompts):
             self.limits.check_chars(len(prompt), "prompt" if body_.is_single else f"prompt[{i}]")
         queries = body_.engine_queries()
-        options = {**body_.engine_options(max_tokens), **body_.logprob_options(max_tokens)}
-        return BatchRequest(line, queries, _ranked(options, body_.num_candidates, body_.n), "text",
+        sampling = body_.engine_sampling(max_tokens, body_.logprob_options(max_tokens))
+        return BatchRequest(line, queries, sampling, body_.request_options(), "text",
                             body_.num_candidates, body_.n, body_.logprobs is not None,
                             tuple(prompts) if body_.echo else None, body_.is_single, body_.structure()[0])
 
@@ -118,11 +120,6 @@ class RequestBuilder:
         self.limits.check_count(num_questions, "n")
         self.limits.check_max_tokens(max_tokens, "max_tokens")
         self.limits.check_timeout(timeout_ms, "timeout_ms")
-
-
-def _ranked(options: dict[str, Any], candidates: int, keep: int) -> dict[str, Any]:
-    """best_of > n ranks candidates by total logprob, so every candidate records its tokens' logprobs (as the route)."""
-    return {"logprobs": 0, **options} if candidates > keep else options
 
 
 def build_all(lines: list[BatchLine], builder: RequestBuilder) -> tuple[list[BatchRequest], list[LineError]]:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from kev.engine.sampling_params import SamplingParams
 from kev.aggregator.result import Result
 from kev.batch.line_groups import Positioned, group_lines, merged_queries, split_results
 from kev.batch.records import answer_record, response_record
@@ -68,7 +69,7 @@ class BatchRunner:
         """One record per line of the group (one engine request for them all), or None when stopped first."""
         queries = merged_queries(group)
         try:
-            request_id = await self._submit(queries, group[0][1].options, stop)
+            request_id = await self._submit(queries, group[0][1].sampling, group[0][1].options, stop)
         except InvalidRequestError as err:  # refused outright (e.g. an isolation level over the cap), as the route
             return [response_record(r.custom_id, 422, ApiError.from_message(422, str(err)).body(), None)
                     for _, r in group]
@@ -88,13 +89,14 @@ class BatchRunner:
         return [answer_record(request, f"{request_id}-{k}", line_results, self.model_name, self.backend.tokenizer)
                 for k, ((_, request), line_results) in enumerate(zip(group, split_results(group, results)))]
 
-    async def _submit(self, queries: list[Any], options: dict[str, Any], stop: asyncio.Event) -> str | None:
+    async def _submit(self, queries: list[Any], sampling: SamplingParams, options: dict[str, Any],
+                      stop: asyncio.Event) -> str | None:
         """The request_id, or None when stopped first; InvalidRequestError passes through."""
         attempt = 0
         options = options if self.tenant is None else {**options, "tenant": self.tenant}
         while not stop.is_set():
             try:
-                return await self.backend.submit(queries, options)
+                return await self.backend.submit(queries, sampling, options)
             except (RejectedError, UnavailableError, TimeoutError) as err:  # full, or unreachable: wait it out
                 log.debug("%d questions: %s; retrying", len(queries), err)
             await _first(asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)]), stop)

@@ -16,7 +16,7 @@ def run_mixed(engine: Engine, max_tokens: int, against_vllm: bool, num_long: int
               num_short: int = 128) -> dict[str, Any]:
     questions = mixed_questions(num_long, num_short)
     prompts = [prompt_ids(engine, q) for q in questions]
-    options = {"max_tokens": max_tokens, "timeout_ms": 600_000}
+    options: dict[str, Any] = {"max_tokens": max_tokens, "timeout_ms": 600_000}
     engine.generate(questions[:2], timeout=600, **{**options, "max_tokens": 2})  # warm-up
     started = time.perf_counter()
     answers = engine.generate(questions, timeout=3600, **options)

@@ -49,7 +49,7 @@ def run_throughput(engine: Engine, sizes: list[int], max_tokens: int, hf_model: 
     against_llamacpp: llama.cpp's llama-server on the same GGUF and prompt ids (kev/bench/llamacpp_anchor.py).
     on_progress(label, runs done, runs in all): after each solo question and each N."""
     questions = (BENCH_QUESTIONS * (max(sizes) // len(BENCH_QUESTIONS) + 1))[: max(sizes)]
-    options = {"max_tokens": max_tokens, "ignore_eos": True, "timeout_ms": 600_000}
+    options: dict[str, Any] = {"max_tokens": max_tokens, "ignore_eos": True, "timeout_ms": 600_000}
     total = len(questions) + len(sizes) + (fused is not None) + (other_precision is not None) * len(sizes)
     tick = on_progress or (lambda label, done, total: None)
     tick("warm-up", 0, total)

@@ -30,7 +30,8 @@ class WorkItem(_Message):
     request_id: Token
     index: int = Field(ge=0)
     question: str | list[Any] | dict[str, Any]  # as the caller gave it; the worker's engine validates it again
-    options: dict[str, Any] = {}  # request-level submit() options: isolation, sampling, timeout_ms, system
+    sampling: dict[str, Any] = {}  # the request's SamplingParams (its to_json); a question may override fields
+    options: dict[str, Any] = {}  # request-level submit() options: isolation, max_parallel, timeout_ms, system, tenant
     reply: Token  # the router that waits for the answer
     strategy: str = ""
     rerouted: bool = False  # the router's breaker or a full partition moved it off the strategy's pick

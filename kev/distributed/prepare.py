@@ -15,6 +15,7 @@ from typing import Any
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
+from kev.engine.sampling_params import SamplingParams
 from kev.engine.submission import SubmitOptions, read_questions
 from kev.model.tokenizer import Tokenizer
 from kev.router.features import QuestionFeatures
@@ -31,11 +32,8 @@ class Prepared:
     original_text: str | None
 
 
-def validate_options(config: KevConfig, options: dict[str, Any]) -> SubmitOptions:
+def validate_options(config: KevConfig, sampling: SamplingParams, options: dict[str, Any]) -> SubmitOptions:
     """Request-level checks of Engine.submit (InvalidRequestError naming the field)."""
-    sampling = {k: options.get(k) for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos",
-                                            "logprobs", "prompt_logprobs", "structured_outputs", "logit_bias",
-                                            "presence_penalty", "frequency_penalty")}
     return SubmitOptions.validate(config, options.get("isolation"), options.get("max_parallel"),
                                   options.get("timeout_ms"), options.get("system"), sampling, options.get("tenant"))
 

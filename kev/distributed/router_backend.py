@@ -40,6 +40,7 @@ from kev.distributed.router_requests import OpenRequest
 from kev.engine.request import EventListener, Request
 from kev.engine.request_front import RequestFront
 from kev.engine.stats import EngineLoad, EngineStats
+from kev.engine.sampling_params import SamplingParams, split_submit
 from kev.engine.submission import new_request_id
 from kev.errors import InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError
 from kev.router.router import Placement
@@ -69,8 +70,9 @@ class DistributedBackend(RequestFront[OpenRequest]):
         self.loop.call_soon(self._spawn, self.link.run())
 
     # --- the Engine API --------------------------------------------------------------
-    def submit(self, queries: list[Any], **options: Any) -> str:
-        return self.loop.run(self._submit(queries, options))
+    def submit(self, queries: list[Any], sampling: SamplingParams | None = None, **options: Any) -> str:
+        sampling, options = split_submit(sampling, options)
+        return self.loop.run(self._submit(queries, sampling, options))
 
     def cancel(self, request_id: str) -> None:
         """Unfinished questions get a cancelled answer (partial text kept); the workers are told to stop."""
@@ -119,10 +121,10 @@ class DistributedBackend(RequestFront[OpenRequest]):
             self.loop.stop()
 
     # --- submit --------------------------------------------------------------------
-    async def _submit(self, queries: list[Any], options: dict[str, Any]) -> str:
+    async def _submit(self, queries: list[Any], sampling: SamplingParams, options: dict[str, Any]) -> str:
         if (why := self.link.unavailable) is not None:
             raise UnavailableError(why)
-        submit = validate_options(self.config, options)
+        submit = validate_options(self.config, sampling, options)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
         request_id = new_request_id()
@@ -134,7 +136,7 @@ class DistributedBackend(RequestFront[OpenRequest]):
                               {p.index: p.original_text for p in prepared}, self.listeners)
         self.requests[request_id] = request  # before publishing: an answer may come back at once
         try:
-            await self._publish(request, options, prepared, placements)
+            await self._publish(request, sampling, options, prepared, placements)
         except Exception as err:
             self.placer.unplace([p.channel_id if p else None for p in placements])
             del self.requests[request_id]
@@ -180,7 +182,8 @@ class DistributedBackend(RequestFront[OpenRequest]):
                 f"router.channel_pool_size x max(1, router.channel_queue_depth)), pulled {loads.running}, "
                 f"{loads.overflow} in the overflow queue")
 
-    async def _publish(self, request: OpenRequest, options: dict[str, Any], prepared: list[Prepared],
+    async def _publish(self, request: OpenRequest, sampling: SamplingParams, options: dict[str, Any],
+                       prepared: list[Prepared],
                        placements: list[Placement | None]) -> None:
         if not prepared:
             return
@@ -196,7 +199,8 @@ class DistributedBackend(RequestFront[OpenRequest]):
                                    for p in prepared])
         await self.link.put_record(request_id, record)
         items = [(topology.partition_subject(pl.channel_id) if pl else topology.overflow_subject,
-                  WorkItem(request_id=request_id, index=p.index, question=p.question, options=options,
+                  WorkItem(request_id=request_id, index=p.index, question=p.question, sampling=sampling.to_json(),
+                           options=options,
                            reply=self.router_id, strategy=strategy, rerouted=bool(pl and pl.rerouted),
                            submitted_at=now, expires_at=expires[p.index]))
                  for p, pl in zip(prepared, placements)]

@@ -34,6 +34,7 @@ from kev.distributed.worker_job import Job, groups
 from kev.engine.api import EngineAPI
 from kev.engine.events import EventRouter
 from kev.engine.request import StreamEvent
+from kev.engine.sampling_params import SamplingParams
 from kev.errors import KevError
 
 log = logging.getLogger("kev.distributed")
@@ -134,8 +135,9 @@ class Worker:
     async def _run_group(self, jobs: list[Job]) -> None:
         """One engine request for the group, then each job to its ack."""
         try:
+            first = jobs[0].item
             engine_request_id = await asyncio.to_thread(self.engine.submit, [j.item.question for j in jobs],
-                                                        **jobs[0].item.options)
+                                                        SamplingParams.from_options(first.sampling), **first.options)
         except KevError as err:  # options the engine refuses: each question's answer is that error
             for job in jobs:
                 job.fail(str(err))

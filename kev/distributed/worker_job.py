@@ -79,5 +79,6 @@ def groups(jobs: list[Job]) -> list[list[Job]]:
     """Jobs of the same request (and so the same options), each group one engine request."""
     by_key: dict[tuple[str, str], list[Job]] = {}
     for job in jobs:
-        by_key.setdefault((job.item.request_id, json.dumps(job.item.options, sort_keys=True)), []).append(job)
+        options = json.dumps([job.item.sampling, job.item.options], sort_keys=True)
+        by_key.setdefault((job.item.request_id, options), []).append(job)
     return list(by_key.values())

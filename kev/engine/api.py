@@ -40,7 +40,8 @@ class EngineAPI(Protocol):
 
     @property
     def submit(self) -> Callable[..., str]:
-        """submit(queries, **options): route the questions to channels; returns a request_id (Engine.submit)."""
+        """submit(queries, sampling, **options): route the questions to channels; returns a request_id
+        (Engine.submit)."""
         ...
 
     def results(self, request_id: str) -> list[Result]: ...

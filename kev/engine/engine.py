@@ -35,6 +35,7 @@ from kev.engine.sampler import sample
 from kev.engine.plan import StepPlan
 from kev.engine.stats import EngineLoad, EngineStats
 from kev.engine.structured import GrammarCompiler
+from kev.engine.sampling_params import SamplingParams, sampling_of
 from kev.engine.submission import SubmitOptions, build_questions, new_request_id
 from kev.errors import (EngineFailedError, InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError)
 from kev.isolation.audit import Alert, AuditLog
@@ -94,32 +95,23 @@ class Engine(RequestFront[Request]):
         return cls(load_config(source), **kwargs)
 
     # --- public API ----------------------------------------------------------
-    def submit(self, queries: list[Any], isolation: str | None = None, max_parallel: int | None = None,
-               max_tokens: int | None = None, temperature: float | None = None, top_p: float | None = None,
-               top_k: int | None = None, seed: int | None = None, stop: list[str] | str | None = None,
-               timeout_ms: int | None = None, system: str | None = None, ignore_eos: bool | None = None,
-               logprobs: int | None = None, prompt_logprobs: bool | None = None,
-               structured_outputs: dict[str, Any] | None = None, logit_bias: dict[Any, float] | None = None,
-               presence_penalty: float | None = None, frequency_penalty: float | None = None,
-               tenant: str | None = None) -> str:
+    def submit(self, queries: list[Any], sampling: SamplingParams | None = None, *, isolation: str | None = None,
+               max_parallel: int | None = None, timeout_ms: int | None = None, system: str | None = None,
+               tenant: str | None = None, **sampling_options: Any) -> str:
         """Route the questions to channels; returns a request_id. Bad questions become error results.
 
-        logprobs=k: each new token's logprob and its k most likely alternatives; prompt_logprobs:
-        every prompt token's too (then max_tokens may be 0: score only). Both are of the model's
-        distribution before temperature, top-k/top-p and any grammar. structured_outputs: one of
-        json / json_object / regex / choice / grammar (kev.engine.structured), per question too.
-        logit_bias / presence_penalty / frequency_penalty: as OpenAI's, applied to the question's own row.
-        tenant: whose request (the server's API key names it; default "default"): under loose, a prefix
-        other than the operator's public one is reused only by requests of the same tenant.
+        sampling: how every question samples (kev.engine.sampling_params.SamplingParams; a question given as a
+        dict may override any of its fields). As a convenience its fields may be given as keywords instead
+        (`submit(qs, max_tokens=8)`), never both. logprobs=k: each new token's logprob and its k most likely
+        alternatives; prompt_logprobs: every prompt token's too (then max_tokens may be 0: score only), both of
+        the model's distribution before temperature, top-k/top-p and any grammar. tenant: whose request (the
+        server's API key names it; default "default"): under loose, a prefix other than the operator's public
+        one is reused only by requests of the same tenant.
 
         When no channel can take a question, router.overflow_policy decides: `wait` blocks
         here (OverflowTimeoutError after the question's timeout_ms), `queue` and `reject`
         return at once or raise RejectedError."""
-        sampling = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                    "seed": seed, "stop": stop, "ignore_eos": ignore_eos, "logprobs": logprobs,
-                    "prompt_logprobs": prompt_logprobs, "structured_outputs": structured_outputs,
-                    "logit_bias": logit_bias, "presence_penalty": presence_penalty,
-                    "frequency_penalty": frequency_penalty}
+        sampling = sampling_of(sampling, sampling_options)
         options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling, tenant)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")

@@ -7,14 +7,13 @@ naming the field; it never fails its neighbours.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-from kev.engine.sampling_params import SamplingParams
+from kev.engine.sampling_params import OPTION_NAMES, SamplingParams
 from kev.errors import QuestionError
 
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "logprobs",
-                   "prompt_logprobs", "logit_bias", "presence_penalty", "frequency_penalty")
-OVERRIDES = {*SAMPLING_FIELDS, "timeout_ms", "priority", "structured_outputs"}
+OVERRIDES = {*OPTION_NAMES, "timeout_ms", "priority"}  # what a question (a dict) may set for itself
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI caps top_logprobs
 CONTENT_KEYS = ("text", "messages", "prompt", "prompt_ids")
 
@@ -27,7 +26,6 @@ class RequestDefaults:
     system: str | None = None
     system_is_public: bool = False  # the operator's config system prompt, not the caller's
     timeout_ms_cap: int = 600_000
-    structured_outputs: dict[str, Any] | None = None  # the request's constraint, unless a question sets its own
 
 
 @dataclass
@@ -39,7 +37,6 @@ class QuestionSpec:
     timeout_ms: int | None
     priority: int = 0
     prompt_ids: list[int] | None = None  # token ids used as-is
-    structured_outputs: dict[str, Any] | None = None  # checked and compiled by kev.engine.structured
 
 
 def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionSpec:
@@ -76,8 +73,7 @@ def parse_question(raw: Any, index: int, defaults: RequestDefaults) -> QuestionS
     return QuestionSpec(messages, prompt, original, sampling,
                         validate_timeout(options.get("timeout_ms", defaults.timeout_ms), defaults.timeout_ms_cap,
                                          where + "."),
-                        _int(options.get("priority", 0), f"{where}.priority", None), prompt_ids,
-                        options.get("structured_outputs", defaults.structured_outputs))
+                        _int(options.get("priority", 0), f"{where}.priority", None), prompt_ids)
 
 
 def validate_timeout(timeout_ms: Any, cap: int, where: str) -> int | None:
@@ -98,9 +94,9 @@ def _token_ids(value: Any, where: str) -> list[int]:
     return value
 
 
-def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, where: str) -> SamplingParams:
-    """base with the given overrides applied; shared by request- and question-level checks so both give the same
-    messages."""
+def validate_sampling(values: Mapping[str, Any], base: SamplingParams, cap: int, where: str) -> SamplingParams:
+    """base with the given overrides applied (None: base's), every value checked; shared by request- and
+    question-level checks so both give the same messages. base.max_tokens must be set."""
     pick = lambda key: values[key] if values.get(key) is not None else getattr(base, key)  # noqa: E731
     max_tokens, temperature, top_p, top_k = pick("max_tokens"), pick("temperature"), pick("top_p"), pick("top_k")
     seed, stop, ignore_eos = pick("seed"), pick("stop"), pick("ignore_eos")
@@ -132,15 +128,22 @@ def validate_sampling(values: dict[str, Any], base: SamplingParams, cap: int, wh
         raise QuestionError(f"{where}ignore_eos: must be true or false, got {ignore_eos!r}")
     presence = _number(pick("presence_penalty"), f"{where}presence_penalty", -2.0, 2.0)
     frequency = _number(pick("frequency_penalty"), f"{where}frequency_penalty", -2.0, 2.0)
+    structured = pick("structured_outputs")  # its shape is checked where it is compiled (kev.engine.structured)
     return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos, logprobs,
                           prompt_logprobs,
-                          _logit_bias(pick("logit_bias"), f"{where}logit_bias"), presence, frequency)
+                          _logit_bias(pick("logit_bias"), f"{where}logit_bias"), presence, frequency, structured)
+
+
+def request_sampling(params: SamplingParams, default_max_tokens: int, cap: int) -> SamplingParams:
+    """A request's SamplingParams, checked as a question's overrides are, its max_tokens filled in."""
+    values = {key: getattr(params, key) for key in OPTION_NAMES}
+    return validate_sampling(values, SamplingParams(max_tokens=default_max_tokens), cap, "")
 
 
 def _logit_bias(value: Any, where: str) -> tuple[tuple[int, float], ...]:
-    """{token id (an int or its decimal string, as OpenAI's JSON has it): bias in [-100, 100]}."""
-    if isinstance(value, tuple):
-        return value
+    """{token id (an int or its decimal string, as OpenAI's JSON has it): bias in [-100, 100]}, or its sorted pairs."""
+    if isinstance(value, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in value):
+        value = dict(value)
     if not isinstance(value, dict):
         raise QuestionError(f"{where}: must be an object mapping token ids to biases")
     pairs = []

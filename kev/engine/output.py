@@ -118,7 +118,7 @@ class OutputProcessor:
                 state.text = state.text[:cut]
                 self.stop(q)
                 return
-        if out.finish_reason == "length" and len(q.output_ids) < q.sampling.max_tokens:
+        if out.finish_reason == "length" and len(q.output_ids) < q.sampling.token_limit:
             self.audit.alert(Alert("truncation_near_boundary",
                                    f"request {q.request_id} question {q.index}: answer cut at channel {q.channel_id}'s "
                                    f"context boundary ({self.settings.max_context} tokens)"))

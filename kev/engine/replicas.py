@@ -26,6 +26,7 @@ from kev.engine.events import EventRouter
 from kev.engine.request import EventListener, Request, StreamEvent
 from kev.engine.request_front import RequestFront
 from kev.engine.stats import EngineLoad, StepRecord
+from kev.engine.sampling_params import SamplingParams, split_submit
 from kev.engine.submission import new_request_id
 from kev.errors import InvalidRequestError
 from kev.router.features import QuestionFeatures
@@ -97,7 +98,8 @@ class ReplicaEngine(RequestFront[Request]):
         self._deliver_lock = threading.Lock()
 
     # --- the Engine API ------------------------------------------------------------
-    def submit(self, queries: list[Any], **options: Any) -> str:
+    def submit(self, queries: list[Any], sampling: SamplingParams | None = None, **options: Any) -> str:
+        sampling, options = split_submit(sampling, options)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
         by_replica = self._place(list(queries))
@@ -105,7 +107,7 @@ class ReplicaEngine(RequestFront[Request]):
         shares: list[Share] = []
         try:
             for replica, indexes in by_replica.items():
-                sub_id = self.replicas[replica].submit([queries[i] for i in indexes], **options)
+                sub_id = self.replicas[replica].submit([queries[i] for i in indexes], sampling, **options)
                 shares.append(Share(replica, sub_id, indexes))
         except BaseException:
             for share in shares:

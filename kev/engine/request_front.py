@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from kev.aggregator.result import Result
 from kev.engine.request import Request, StreamEvent
+from kev.engine.sampling_params import SamplingParams
 from kev.errors import UnknownRequestError
 
 R = TypeVar("R")
@@ -19,7 +20,7 @@ T = TypeVar("T")
 
 class RequestFront(ABC, Generic[R]):
     requests: dict[str, R]
-    submit: Callable[..., str]  # each engine's own: submit(queries, **options) -> request_id
+    submit: Callable[..., str]  # each engine's own: submit(queries, sampling, **options) -> request_id
 
     # --- what each engine says -----------------------------------------------------
     @abstractmethod
@@ -47,9 +48,10 @@ class RequestFront(ABC, Generic[R]):
         self._home(lambda: self._view(self._request(request_id))).wait_done(timeout)
         return self.results(request_id)
 
-    def generate(self, queries: list[Any], timeout: float | None = None, **options: Any) -> list[Result]:
+    def generate(self, queries: list[Any], sampling: SamplingParams | None = None, timeout: float | None = None,
+                 **options: Any) -> list[Result]:
         """submit() then wait(): the one-call form."""
-        return self.wait(self.submit(queries, **options), timeout)
+        return self.wait(self.submit(queries, sampling, **options), timeout)
 
     def _request(self, request_id: str) -> R:
         request = self.requests.get(request_id)

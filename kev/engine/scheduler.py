@@ -179,7 +179,7 @@ class Scheduler:
             if q.is_finished:  # cancelled or timed out while the forward ran
                 continue
             q.phase = Phase.DECODE
-            if q.sampling.max_tokens == 0:  # scoring only: the prompt's logprobs are all it wanted
+            if q.sampling.token_limit == 0:  # scoring only: the prompt's logprobs are all it wanted
                 outputs.append(self.finish(q, "length"))
                 continue
             q.output_ids.append(token)
@@ -200,7 +200,7 @@ class Scheduler:
             return "stop", None
         if q.grammar is not None and q.grammar.is_done:  # the constrained text is whole: nothing may follow
             return "stop", None
-        if len(q.output_ids) >= q.sampling.max_tokens or q.num_tokens >= self.limits.max_context:
+        if len(q.output_ids) >= q.sampling.token_limit or q.num_tokens >= self.limits.max_context:
             return "length", None
         return None, None
 
@@ -326,7 +326,7 @@ class Scheduler:
         self.overflow = [q for q in self.overflow if not self.add(q)]
 
     def _max_tokens(self, q: Question) -> int:
-        return min(len(q.prompt_ids) + q.sampling.max_tokens, self.limits.max_context)
+        return min(len(q.prompt_ids) + q.sampling.token_limit, self.limits.max_context)
 
     def _fits(self, q: Question) -> bool:
         need = self._max_tokens(q)

@@ -10,7 +10,7 @@ from kev.aggregator.result import Result, question_field
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
 from kev.config.server_config import DEFAULT_TENANT, TENANT_NAME
-from kev.engine.inputs import QuestionSpec, RequestDefaults, parse_question, validate_sampling, validate_timeout
+from kev.engine.inputs import QuestionSpec, RequestDefaults, parse_question, request_sampling, validate_timeout
 from kev.engine.question import Question
 from kev.engine.sampling_params import SamplingParams
 from kev.engine.shared_starts import group_shared_starts
@@ -31,7 +31,7 @@ class SubmitOptions:
 
     @classmethod
     def validate(cls, config: KevConfig, isolation: str | None, max_parallel: int | None, timeout_ms: int | None,
-                 system: str | None, sampling: dict[str, Any], tenant: str | None = None) -> SubmitOptions:
+                 system: str | None, sampling: SamplingParams, tenant: str | None = None) -> SubmitOptions:
         level = isolation or config.isolation.level
         if level not in ISOLATION_ORDER:
             raise InvalidRequestError(f"isolation: unknown level {level!r} (strict, shared, loose)")
@@ -42,9 +42,10 @@ class SubmitOptions:
         is_count = isinstance(max_parallel, int) and not isinstance(max_parallel, bool)
         if max_parallel is not None and (not is_count or max_parallel < 1):
             raise InvalidRequestError(f"max_parallel: must be a positive integer, got {max_parallel!r}")
-        base = SamplingParams(max_tokens=config.router.default_max_tokens)
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidRequestError(f"sampling: must be a SamplingParams, got {type(sampling).__name__}")
         try:
-            params = validate_sampling(sampling, base, config.router.max_tokens_cap, "")
+            params = request_sampling(sampling, config.router.default_max_tokens, config.router.max_tokens_cap)
             timeout = validate_timeout(config.router.default_timeout_ms if timeout_ms is None else timeout_ms,
                                        config.router.timeout_ms_cap, "")
         except QuestionError as err:
@@ -57,8 +58,7 @@ class SubmitOptions:
         defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout,
                                    system or config.isolation.system_prompt,
                                    system_is_public=system is None and config.isolation.system_prompt is not None,
-                                   timeout_ms_cap=config.router.timeout_ms_cap,
-                                   structured_outputs=sampling.get("structured_outputs"))
+                                   timeout_ms_cap=config.router.timeout_ms_cap)
         return cls(level, min(max_parallel or cap, cap), defaults, tenant or DEFAULT_TENANT)
 
 
@@ -122,9 +122,9 @@ def _check_bias(spec: QuestionSpec, index: int, vocab_size: int) -> None:
 
 def _compile(spec: QuestionSpec, grammars: GrammarCompiler | None, index: int,
              request_id: str) -> CompiledGrammar | None:
-    if spec.structured_outputs is None or grammars is None:
+    if spec.sampling.structured_outputs is None or grammars is None:
         return None  # grammars None: a distributed router; the worker's engine compiles (and checks) it
-    return grammars.compile(spec.structured_outputs, f"queries[{index}].structured_outputs", request_id)
+    return grammars.compile(spec.sampling.structured_outputs, f"queries[{index}].structured_outputs", request_id)
 
 
 def build_questions(queries: list[Any], request_id: str, options: SubmitOptions, tokenizer: Tokenizer,

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from kev.engine.sampling_params import SamplingParams, split_submit
+
 CONTENT_KEYS = ("text", "messages", "prompt", "prompt_ids")
 MAX_SEED = 2**63 - 1  # torch generators take a signed 64-bit seed
 MIN_TEMPERATURE = 1e-3  # below this, logits / temperature can overflow fp32 and poison the step
@@ -140,8 +142,9 @@ class SubmitBody(_Sampling):
         return [q.model_dump(exclude_none=True, by_alias=True) if isinstance(q, QuestionObject)
                 else [m.model_dump(exclude_none=True) for m in q] if isinstance(q, list) else q for q in self.queries]
 
-    def engine_options(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"queries", "stream"}, exclude_none=True, by_alias=True)
+    def engine_submit(self) -> tuple[SamplingParams, dict[str, Any]]:
+        """submit()'s sampling and request-level options, as the body sets them."""
+        return split_submit(None, self.model_dump(exclude={"queries", "stream"}, exclude_none=True, by_alias=True))
 
 
 class QueryBody(SubmitBody):

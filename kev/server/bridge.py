@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
+from kev.engine.sampling_params import SamplingParams
 from kev.aggregator.result import Result
 from kev.engine.api import EngineAPI, StepCounters
 from kev.engine.events import EventRouter
@@ -87,11 +88,11 @@ class EngineBridge:
         """Run a blocking engine call off the loop."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
 
-    async def submit(self, queries: list[Any], options: dict[str, Any]) -> str:
+    async def submit(self, queries: list[Any], sampling: SamplingParams, options: dict[str, Any]) -> str:
         """engine.submit off the loop; if our caller goes away meanwhile, the request is forgotten, not orphaned.
 
         Raises InvalidRequestError, RejectedError, TimeoutError (overflow `wait`) or UnavailableError."""
-        call = functools.partial(self.engine.submit, queries, **options)
+        call = functools.partial(self.engine.submit, queries, sampling, **options)
         future = asyncio.get_running_loop().run_in_executor(self.pool, call)
         try:
             return await asyncio.shield(future)

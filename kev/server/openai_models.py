@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kev.engine.sampling_params import SamplingParams
 from kev.server.api_models import MAX_SEED, Stop, StructuredOutputs, Temperature, Text
 from kev.server.errors import ApiError
 from kev.server.tools.schema import ToolCallIn, ToolCallOut, ToolChoice, ToolDef
@@ -150,14 +151,21 @@ class _Sampling(_OpenAIBody):
     def _structured_outputs(self) -> dict[str, Any] | None:
         return None if self.structured_outputs is None else self.structured_outputs.engine()
 
-    def engine_options(self, max_tokens: int | None) -> dict[str, Any]:
+    def engine_sampling(self, max_tokens: int | None, logprobs: dict[str, Any]) -> SamplingParams:
+        """The body's SamplingParams (OpenAI's defaults where it sets nothing; the engine checks the values).
+        best_of > n ranks candidates by total logprob, so then every candidate records its tokens' logprobs."""
         _, structured = self.structure()
-        options = {"max_tokens": max_tokens, "temperature": 1.0 if self.temperature is None else self.temperature,
-                   "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop, "isolation": self.isolation,
-                   "timeout_ms": self.timeout_ms, "structured_outputs": structured,
-                   "logit_bias": self.logit_bias or None, "presence_penalty": self.presence_penalty,
-                   "frequency_penalty": self.frequency_penalty, "ignore_eos": self.ignore_eos}
-        return {key: value for key, value in options.items() if value is not None}
+        ranked = {"logprobs": 0} if self.num_candidates > self.n else {}
+        return SamplingParams.from_options({**ranked,
+            "max_tokens": max_tokens, "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop, "structured_outputs": structured,
+            "logit_bias": self.logit_bias or None, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty, "ignore_eos": self.ignore_eos, **logprobs})
+
+    def request_options(self) -> dict[str, Any]:
+        """submit()'s request-level options the body sets."""
+        return {key: value for key, value in (("isolation", self.isolation), ("timeout_ms", self.timeout_ms))
+                if value is not None}
 
     def seeded(self, query: dict[str, Any], choice: int) -> dict[str, Any]:
         """The query for one of the request's candidates, with that candidate's seed if any."""

@@ -30,7 +30,7 @@ async def query(body: QueryBody, request: Request, service: KevService = Depends
     """With `"stream": true` the answer is Server-Sent Events: `delta` (index, channel_id, text, token_ids),
     then one `result` per question (every audit field) and a final `done`."""
     service.limits.check_submit(body)
-    tracked = await service.submit(body.engine_queries(), body.engine_options(), "query", listen=body.stream,
+    tracked = await service.submit(body.engine_queries(), *body.engine_submit(), "query", listen=body.stream,
                                    tenant=caller.tenant)
     request_id = tracked.request_id
     if body.stream:
@@ -66,7 +66,7 @@ async def _events(service: KevService, tracked: Tracked) -> AsyncIterator[str]:
 async def submit(body: SubmitBody, service: KevService = Depends(get_service),
                  caller: Caller = Depends(caller_of)) -> JSONResponse:
     service.limits.check_submit(body)
-    tracked = await service.submit(body.engine_queries(), body.engine_options(), "async", retained=True,
+    tracked = await service.submit(body.engine_queries(), *body.engine_submit(), "async", retained=True,
                                    tenant=caller.tenant)
     location = f"/v1/requests/{tracked.request_id}"
     accepted = Accepted(request_id=tracked.request_id, status="running", num_questions=tracked.watch.num_questions,

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kev.aggregator.result import Result
+from kev.engine.sampling_params import SamplingParams
 from kev.server.answer_errors import BodyShape, answer_error, first_failure
 from kev.server.errors import ApiError, error_responses
 from kev.server.openai_format import Reply, best_of
@@ -46,7 +47,7 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
     service.limits.check_max_tokens(body.max_tokens, "max_tokens")  # over the cap even beside max_completion_tokens
     body.check_supported()
     service.limits.check_chars(sum(len(m.text) for m in body.messages), "messages")
-    options = {**body.engine_options(body.max_completion_tokens or body.max_tokens), **body.logprob_options()}
+    sampling = body.engine_sampling(body.max_completion_tokens or body.max_tokens, body.logprob_options())
     query: dict[str, Any] = {"messages": [m.to_engine() for m in body.messages]}
     tools = None
     if body.uses_tools:  # rendered here, with the tools; the engine takes the prompt as it is
@@ -54,11 +55,11 @@ async def chat_completions(body: ChatCompletionBody, request: Request,
                           service.config.isolation.system_prompt)
         query, tools = {"prompt": plan.prompt}, plan.reply
         if plan.structure is not None:
-            options["structured_outputs"] = plan.structure
+            sampling = dataclasses.replace(sampling, structured_outputs=plan.structure)
     queries = [body.seeded(query, j) for j in range(body.num_candidates)]
     reply = Reply("chat", "", int(time.time()), service.model_name, body.num_candidates, logprobs=bool(body.logprobs),
                   tools=tools)
-    return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
+    return await _answer(service, request, reply, queries, sampling, body.request_options(), body.stream,
                          body.include_usage, "chat", body.structure()[0] or _tool_field(tools), keep=body.n)
 
 
@@ -72,23 +73,18 @@ async def completions(body: CompletionBody, request: Request, service: KevServic
     for i, prompt in enumerate(prompts):
         service.limits.check_chars(len(prompt), "prompt" if body.is_single else f"prompt[{i}]")
     queries = body.engine_queries()
-    options = {**body.engine_options(max_tokens), **body.logprob_options(max_tokens)}
+    sampling = body.engine_sampling(max_tokens, body.logprob_options(max_tokens))
     echo = tuple(p if isinstance(p, str) else service.tokenizer().decode(p, skip_special_tokens=False)
                  for p in prompts) if body.echo else None
     reply = Reply("text", "", int(time.time()), service.model_name, body.num_candidates, body.logprobs is not None,
                   echo)
-    return await _answer(service, request, reply, queries, _ranked(options, body.num_candidates, body.n), body.stream,
+    return await _answer(service, request, reply, queries, sampling, body.request_options(), body.stream,
                          body.include_usage, "completion", body.structure()[0], body.is_single, keep=body.n)
 
 
 def _tool_field(tools: ToolReply | None) -> str | None:
     """A forced call's grammar is the tools' schemas: a schema that does not compile is the tools' fault."""
     return "tools" if tools is not None and tools.mode in ("named", "required") else None
-
-
-def _ranked(options: dict[str, Any], candidates: int, keep: int) -> dict[str, Any]:
-    """best_of > n ranks candidates by total logprob, so every candidate records its tokens' logprobs."""
-    return {"logprobs": 0, **options} if candidates > keep else options
 
 
 def _check_common(service: KevService, model: str, num_questions: int, max_tokens: int | None,
@@ -101,10 +97,11 @@ def _check_common(service: KevService, model: str, num_questions: int, max_token
     service.limits.check_timeout(timeout_ms, "timeout_ms")
 
 
-async def _answer(service: KevService, request: Request, reply: Reply, queries: list[Any], options: dict[str, Any],
+async def _answer(service: KevService, request: Request, reply: Reply, queries: list[Any], sampling: SamplingParams,
+                  options: dict[str, Any],
                   stream: bool, include_usage: bool, api: str, structure_field: str | None = None,
                   single_prompt: bool = False, keep: int | None = None) -> Response:
-    tracked = await service.submit(queries, options, api, listen=stream, tenant=caller_of(request).tenant)
+    tracked = await service.submit(queries, sampling, options, api, listen=stream, tenant=caller_of(request).tenant)
     prefix = "chatcmpl-" if reply.kind == "chat" else "cmpl-"
     reply = dataclasses.replace(reply, id=prefix + tracked.request_id)
     shape = BodyShape(reply.kind, reply.n, single_prompt, structure_field)

@@ -15,6 +15,7 @@ from starlette.requests import Request as HttpRequest
 
 from kev.aggregator.result import Result
 from kev.config import KevConfig
+from kev.engine.sampling_params import SamplingParams
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError, UnknownRequestError
 from kev.model.tokenizer import Tokenizer
 from kev.server.bridge import EngineBridge
@@ -94,8 +95,8 @@ class KevService:
             log.info("shutdown: cancelled %d unfinished request(s)", unfinished)
 
     # --- requests ------------------------------------------------------------
-    async def submit(self, queries: list[Any], options: dict[str, Any], api: str, listen: bool = False,
-                     retained: bool = False, *, tenant: str) -> Tracked:
+    async def submit(self, queries: list[Any], sampling: SamplingParams, options: dict[str, Any], api: str,
+                     listen: bool = False, retained: bool = False, *, tenant: str) -> Tracked:
         """Hand the tenant's questions to the engine; engine errors become HTTP errors naming the field."""
         backend = self.ready_backend()
         if backend.unavailable is not None:
@@ -107,10 +108,11 @@ class KevService:
             raise ApiError(429, f"server busy: {self.registry.num_inflight} requests in flight; the limit is "
                                 f"server.max_inflight_requests={self.registry.max_inflight}", None,
                            headers=self.retry_after)
-        options = {"max_tokens": self.limits.default_max_tokens, **options, "tenant": tenant}
+        sampling = sampling.with_max_tokens(self.limits.default_max_tokens)  # the server's, within its cap
+        options = {**options, "tenant": tenant}
         started = time.monotonic()
         try:
-            request_id = await backend.submit(queries, options)
+            request_id = await backend.submit(queries, sampling, options)
         except UnavailableError as err:
             self.metrics.rejects.labels("unavailable").inc()
             raise ApiError(503, str(err), None, headers=self.retry_after) from None

@@ -33,7 +33,8 @@ def item(**changes: object) -> WorkItem:
 
 
 def test_work_items_round_trip_and_bad_ones_say_why() -> None:
-    original = item(question=[{"role": "user", "content": "你好"}], options={"max_tokens": 4, "stop": ["\n"]})
+    original = item(question=[{"role": "user", "content": "你好"}], sampling={"max_tokens": 4, "stop": ["\n"]},
+                    options={"isolation": "strict"})
     assert decode(WorkItem, original.encode()) == original
     with pytest.raises(MalformedMessage, match="not a valid WorkItem: .*JSON"):
         decode(WorkItem, b"{not json")

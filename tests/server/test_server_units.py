@@ -205,6 +205,7 @@ class RefusingEngine:
 def test_engine_refusals_map_to_http(error: Exception, status: int, field: str | None, retry_after: str | None) -> None:
     import asyncio
 
+    from kev.engine.sampling_params import SamplingParams
     from kev.server.bridge import EngineBridge
     from kev.server.service import KevService
 
@@ -212,7 +213,7 @@ def test_engine_refusals_map_to_http(error: Exception, status: int, field: str |
     bridge = EngineBridge(RefusingEngine(error), service.metrics, 4)  # type: ignore[arg-type]
     service.attach(bridge)
     with pytest.raises(ApiError) as refused:
-        asyncio.run(service.submit(["q"], {}, "query", tenant="default"))
+        asyncio.run(service.submit(["q"], SamplingParams(), {}, "query", tenant="default"))
     bridge.pool.shutdown()
     assert (refused.value.status_code, refused.value.field) == (status, field)
     assert (refused.value.headers or {}).get("Retry-After") == retry_after
