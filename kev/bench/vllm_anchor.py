@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 RUNNER = Path(__file__).resolve().parents[2] / "bench" / "vllm_runner.py"
-# Kev's int8 is weight-only over bf16 activations: vLLM's CPU anchor runs the same weights in bf16.
-VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "int8": "bfloat16"}
+# Kev's quantized precisions (int8, w8a8, gguf) have no same-bits counterpart in vLLM's CPU build: the anchor runs
+# the same weights (dequantized, for a GGUF: the folder Kev converted it to) in bf16.
+VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "int8": "bfloat16", "w8a8": "bfloat16",
+               "gguf": "bfloat16"}
 
 
 @dataclass

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import kev
+from kev import SamplingParams
 from kev.batch.input_file import read_lines
 from kev.batch.job import InvalidInputError, JobOptions, prepare
 from kev.batch.output_file import OutputFile, resume
@@ -35,9 +36,9 @@ def test_the_three_input_forms_read_as_requests() -> None:
     requests, invalid = build_all(read, RequestBuilder.from_config(CONFIG))
     assert invalid == []
     assert requests[0].queries == [{"messages": [{"role": "user", "content": "Hi"}]}]
-    assert requests[0].options == {"max_tokens": 3, "temperature": 0}
+    assert requests[0].sampling == SamplingParams(max_tokens=3, temperature=0) and requests[0].options == {}
     assert [q["prompt"] for q in requests[1].queries] == ["x", "x", "y", "y"] and requests[1].n == 2
-    assert requests[2].options["max_tokens"] == 5
+    assert requests[2].sampling.max_tokens == 5
     txt, errors = read_lines(["What is 2+2?", "", "Name a fruit.\r"], "txt")
     assert errors == [] and [(r.custom_id, r.body["messages"][0]["content"]) for r in txt] == [
         ("1", "What is 2+2?"), ("3", "Name a fruit.")]
@@ -122,7 +123,7 @@ def test_route_options_carry_over_and_unsupported_ones_are_named() -> None:
     requests, invalid = build_all(read_lines(lines, "jsonl")[0], RequestBuilder.from_config(CONFIG))
     chat, completion = requests
     assert (chat.n, chat.keep, chat.logprobs, len(chat.queries)) == (3, 2, True, 3)
-    assert chat.options["logprobs"] == 2 and [q["seed"] for q in chat.queries] == [1, 2, 3]
+    assert chat.sampling.logprobs == 2 and [q["seed"] for q in chat.queries] == [1, 2, 3]
     assert completion.queries == [{"prompt_ids": [1, 2, 3]}] and completion.echo == ([1, 2, 3],)
     assert [str(e) for e in invalid] == ["line 3: body.tools: tool calling is not supported in a batch line "
                                          "(/v1/chat/completions takes it)"]
