@@ -40,7 +40,7 @@ class SamplingParams:
         if isinstance(values.get("stop"), list):
             values["stop"] = tuple(values["stop"])
         if isinstance(values.get("logit_bias"), list):  # JSON's pairs
-            values["logit_bias"] = tuple((int(t), float(b)) for t, b in values["logit_bias"])
+            values["logit_bias"] = tuple(tuple(p) if isinstance(p, list) else p for p in values["logit_bias"])
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:

@@ -193,7 +193,7 @@ class RefusingEngine:
     def subscribe(self, listener: object) -> None:
         pass
 
-    def submit(self, queries: list, **options: object) -> str:
+    def submit(self, queries: list, sampling: object = None, **options: object) -> str:
         raise self.error
 
 
