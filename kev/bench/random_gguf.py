@@ -67,13 +67,16 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.ran
     return raw.reshape(rows, -1)
 
 
-def write_random_llama_gguf(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int = 0) -> None:
-    """A llama GGUF of shape `s` (SHAPE's keys) with random `qtype` weights and the default model's tokenizer."""
-    _write(path, qtype, s, seed)
+def write_random_llama_gguf(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int = 0,
+                            types: dict[str, GGMLQuantizationType] | None = None) -> None:
+    """A llama GGUF of shape `s` (SHAPE's keys) with random `qtype` weights and the default model's tokenizer;
+    `types` overrides the type of tensors by their part name (token_embd, attn_q, ..., ffn_down)."""
+    _write(path, qtype, s, seed, types or {})
 
 
-def _write(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
+def _write(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int = 0,
+           types: dict[str, GGMLQuantizationType] | None = None) -> None:
+    rng, types = np.random.default_rng(seed), types or {}
     writer = GGUFWriter(str(path), "llama")
     head_dim = s["hidden"] // s["heads"]
     writer.add_context_length(4096)
@@ -89,7 +92,8 @@ def _write(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int
     writer.add_vocab_size(vocab)
 
     def weight(name: str, rows: int, cols: int) -> None:
-        writer.add_tensor(name, random_blocks(qtype, rows, cols, rng), raw_dtype=qtype)
+        kind = types.get(name.split(".")[-2], qtype)
+        writer.add_tensor(name, random_blocks(kind, rows, cols, rng), raw_dtype=kind)
 
     weight("token_embd.weight", vocab, s["hidden"])
     writer.add_tensor("output_norm.weight", np.ones(s["hidden"], dtype=np.float32))

@@ -172,6 +172,8 @@ def _per_block(t: torch.Tensor, rows: int) -> torch.Tensor:
 def pack(q: torch.Tensor, d: torch.Tensor | None, m: torch.Tensor | None, kind: Kind, type_name: str,
          scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> QuantWeight:
     """q: [out, in] quant values (Q8: -128..127; Q4: 0..15); d, m: fp16 [out, in/32] (d None: w8a8, with `scale`)."""
+    if kind.super_blocks:
+        raise ValueError(f"{kind.name} is packed by pack_k")
     out_features, in_features = q.shape
     if in_features % BLOCK:
         raise ValueError(f"quantized weights need in_features a multiple of {BLOCK}, not {in_features}")
