@@ -3,13 +3,14 @@
 Each linear weight of type Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K becomes a QuantWeight (model/quant_weight.py,
 model/kquant.py): the same quants and scales (and mins), repacked for the kernel, about the file's bytes. Rows of q
 and k are unpermuted and the q/k/v and gate/up parts concatenated by rows, which moves whole blocks and changes no
-value. A tensor of another type (Q5_0, Q2_K, F16, ...) is dequantized to the compute dtype with a one-line notice naming it, and so is a fused
-weight whose parts differ in type. Norms are read as the file has them (F32).
+value. A tensor of another type (Q5_0, Q2_K, F16, ...) is dequantized to the compute dtype with a one-line notice
+naming it, and so is a fused weight whose parts differ in type. Norms are read as the file has them (F32).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,7 +97,7 @@ def read_gguf(path: Path, n_head: int, n_kv: int) -> tuple[dict[str, torch.Tenso
         name = name.removeprefix("model.")
         held = read_blocks(t) if name.endswith(".weight") else None
         if held is not None:
-            blocks[name] = held if heads is None else held.map(lambda a, h=heads: unpermute(a, h))
+            blocks[name] = held if heads is None else held.map(partial(unpermute, n_head=heads))
             continue
         if len(t.shape) == 2:
             log.info("GGUF tensor %s is %s: dequantized to the compute dtype (core.precision gguf holds Q8_0, Q4_0, "

@@ -1,9 +1,10 @@
 """Block-quantized weights times per-row int8 activations (core.precision gguf and w8a8).
 
 A QuantWeight holds a linear layer's weight as GGUF's Q8_0 / Q4_0 / Q4_1 blocks hold it (32 k per block: quants,
-an fp16 scale d, Q4_1 an fp16 min m), as its K-quant super-blocks hold it (Q4_K / Q5_K / Q6_K: model/kquant.py), or under w8a8 as int8 with one fp32 scale per output column, repacked once
+an fp16 scale d, Q4_1 an fp16 min m), or under w8a8 as int8 with one fp32 scale per output column, repacked once
 into the layout kernels/quant_gemm.cpp reads: 16 output columns × 32 k per cell, the same bytes per weight as the
-file. The kernel quantizes each row of x on its own (blocks of 32, as llama.cpp's q8 activations), sums each block's
+file; or as GGUF's K-quant super-blocks hold it (Q4_K / Q5_K / Q6_K, cells of 16 columns × 256 k: model/kquant.py).
+The kernel quantizes each row of x on its own (blocks of 32, as llama.cpp's q8 activations), sums each block's
 products exactly in int32 and scales in fp32 in a fixed order; `reference_linear` is the same math in torch ops
 (the fallback where the kernels are not built, and the tests' reference), giving the same bits.
 """
@@ -141,7 +142,8 @@ class QuantWeight:
         if self.kind.super_blocks:
             from kev.model import kquant
 
-            return kquant.dequantize(self.quants(), self.kind, kquant.scales(self.cells, self.kind))[: self.out_features]
+            w = kquant.dequantize(self.quants(), self.kind, kquant.scales(self.cells, self.kind))
+            return w[: self.out_features]
         q = self.quants().float()[: self.out_features].view(self.out_features, -1, BLOCK)
         if self.kind == Kind.Q4:
             q = q - 8
