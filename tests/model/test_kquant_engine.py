@@ -46,6 +46,7 @@ def test_every_linear_is_held_in_its_file_type(engine):
     file_bytes = sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
     assert model.weight_bytes() <= 1.1 * file_bytes
     assert model.weight_numerics().startswith("torch.uint8+Q4_K,Q5_K,Q6_K@kev-quant-")
+    assert model.fused_layers is not None  # every layer in one C++ call, as for the other block types
 
 
 def test_answers_in_strict_equal_solo_bit_for_bit(engine):
