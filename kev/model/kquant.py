@@ -169,18 +169,19 @@ def reference_sums(xq: torch.Tensor, dx: torch.Tensor, q: torch.Tensor, kind: Ki
     """fp32 [rows, out] before bias: xq int8 [rows, K], dx [rows, K/32], q the quants [out, K], s from scales()."""
     rows, kblocks = dx.shape
     out = q.shape[0]
-    xh = xq.view(rows, kblocks * 2, 16).to(torch.float64).permute(1, 0, 2)  # [16-k halves, rows, 16]
-    isum = torch.bmm(xh, q.view(out, kblocks * 2, 16).to(torch.float64).permute(1, 2, 0))  # exact integers
-    qsum = xh.sum(-1)  # [halves, rows]
+    xh = xq.view(rows, kblocks * 2, 16).to(torch.float64)  # [rows, 16-k halves, 16]
+    qh = q.view(out, kblocks * 2, 16).to(torch.float64)
+    qsum = xh.sum(-1)  # [rows, halves]
     acc = torch.zeros(rows, out, dtype=torch.float32)
     d = s["d"][:, torch.arange(kblocks) // SUBS] if kind == Kind.Q6_K else None
-    for b in range(kblocks):
+    for b in range(kblocks):  # one block at a time: the float64 sums stay [rows, out]
         lo, hi = 2 * b, 2 * b + 1
+        isum = [xh[:, h] @ qh[:, h].t() for h in (lo, hi)]  # exact integers
         if d is not None:
             sc = s["sc"][:, [lo, hi]].to(torch.float64)  # exact integer arithmetic in float64
-            total = sc[:, 0] * (isum[lo] - 32 * qsum[lo, :, None]) + sc[:, 1] * (isum[hi] - 32 * qsum[hi, :, None])
+            total = sc[:, 0] * (isum[0] - 32 * qsum[:, lo, None]) + sc[:, 1] * (isum[1] - 32 * qsum[:, hi, None])
             f = total.float() * d[:, b]
         else:
-            f = (isum[lo] + isum[hi]).float() * s["D"][:, b] - (qsum[lo] + qsum[hi]).float()[:, None] * s["M"][:, b]
+            f = (isum[0] + isum[1]).float() * s["D"][:, b] - (qsum[:, lo] + qsum[:, hi]).float()[:, None] * s["M"][:, b]
         acc = acc + f * dx[:, b, None]
     return acc
