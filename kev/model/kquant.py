@@ -4,9 +4,10 @@ kernels/quant_gemm.cpp, dequantized back, and the kernel's math in torch ops.
 A K-quant super-block covers 256 k of one row: Q4_K / Q5_K hold 8 sub-blocks of 32 quants (0..15 / 0..31), each with
 a 6-bit scale sc and a 6-bit min m, and one fp16 d and dmin for the super-block (w = d·sc·q - dmin·m); Q6_K holds 16
 sub-blocks of 16 quants (0..63) with an int8 scale each and one fp16 d (w = d·sc·(q - 32)). Packed, a cell is 16
-output columns × 256 k: 8 sub-cells of 32 k (the low 4 bits of the quants in the Q4 layout the kernel reads, then bit
-planes for bit 4 (Q5_K, Q6_K) and bit 5 (Q6_K), then the 16 columns' integer scales and mins), then the 16 columns'
-d (and dmin) in fp16: Q4_K 4.625 bits a weight (the file: 4.5), Q5_K 5.625 (5.5), Q6_K 6.5625 (6.5625).
+output columns × 256 k: 8 sub-cells of 32 k (the low 4 bits of the quants in the Q4 layout the kernel reads, then
+bit 4 (Q5_K) or bits 4-5 (Q6_K), several steps to a byte (_high_bits), then the 16 columns' integer scales and
+mins), then the 16 columns' d (and dmin) in fp16: Q4_K 4.625 bits a weight (the file: 4.5), Q5_K 5.625 (5.5),
+Q6_K 6.5625 (6.5625).
 
 The math of one output element per 32-k block b (isum_h the exact integer dot product of the quants and the row's int8
 activations over 16-k half h, qsum_h the activations' sum there, dx the row's block scale, all as quant_weight.py):
@@ -74,12 +75,25 @@ def _per_cell(t: torch.Tensor, blocks: int, per: int) -> torch.Tensor:
     return t.view(blocks, COLS, -1, per).permute(0, 2, 3, 1).reshape(blocks, t.shape[1] // per, per * COLS).contiguous()
 
 
-def _planes(q: torch.Tensor, blocks: int, bit: int) -> torch.Tensor:
-    """Bit `bit` of every quant, one bit per byte position of the Q8-style step layout (8 steps × 16 columns × 4 k
-    per sub-cell): 64 bytes per sub-cell, bit p of the step's uint64 is column p // 4, k 4·step + p % 4."""
-    bits = ((q >> bit) & 1).view(blocks, COLS, -1, 8, 4).permute(0, 2, 3, 1, 4).reshape(blocks, -1, 8, 8, 8)
-    weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int16)
-    return (bits * weights).sum(-1).to(torch.uint8).reshape(blocks, -1, 64)
+def _high_bits(q: torch.Tensor, blocks: int, width: int) -> torch.Tensor:
+    """The quants' bits from 4 up (`width` of them: Q5_K 1, Q6_K 2) in the step layout (8 steps × 16 columns × 4 k per
+    sub-cell): byte p of a 64-byte vector holds position p (column p // 4, k 4·step + p % 4) of 8 / width steps, step
+    s at bits width·s; Q5_K one vector, Q6_K two (steps 0..3, 4..7). One load gives the kernel several steps' high
+    bits, each a shift and a mask away."""
+    per = 8 // width
+    c = ((q >> 4) & ((1 << width) - 1)).view(blocks, COLS, -1, 8, 4).permute(0, 2, 3, 1, 4)
+    c = c.reshape(blocks, -1, width, per, 64)
+    shifts = (torch.arange(per, dtype=torch.int16) * width).view(per, 1)
+    return (c << shifts).sum(-2).to(torch.uint8).reshape(blocks, -1, 64 * width)
+
+
+def _unhigh_bits(packed: torch.Tensor, width: int) -> torch.Tensor:
+    """Inverse of _high_bits: [column blocks, K/32, 64·width] -> [column blocks·16, K] values below 2^width."""
+    blocks, kblocks, _ = packed.shape
+    per = 8 // width
+    b = packed.to(torch.int16).view(blocks, kblocks, width, 1, 64)
+    c = (b >> (torch.arange(per, dtype=torch.int16) * width).view(per, 1)) & ((1 << width) - 1)
+    return c.reshape(blocks, kblocks, 8, COLS, 4).permute(0, 3, 1, 2, 4).reshape(blocks * COLS, kblocks * BLOCK)
 
 
 def pack_cells(kind: Kind, parts: dict[str, torch.Tensor], blocks: int, low_nibbles: torch.Tensor) -> torch.Tensor:
@@ -88,7 +102,7 @@ def pack_cells(kind: Kind, parts: dict[str, torch.Tensor], blocks: int, low_nibb
     q = parts["q"]
     made = {"qs": low_nibbles}
     if kind != Kind.Q4_K:
-        made["qh"] = torch.cat([_planes(q, blocks, bit) for bit in ((4,) if kind == Kind.Q5_K else (4, 5))], dim=-1)
+        made["qh"] = _high_bits(q, blocks, 1 if kind == Kind.Q5_K else 2)
     if kind == Kind.Q6_K:
         made["sc"] = _per_cell(parts["sc"].to(torch.int8), blocks, 2).view(torch.uint8)
     else:
@@ -117,20 +131,11 @@ def cell_part(cells: torch.Tensor, kind: Kind, name: str) -> torch.Tensor:
     raise KeyError(name)
 
 
-def _unplane(planes: torch.Tensor) -> torch.Tensor:
-    """[column blocks, K/32, 64] bit planes -> [column blocks·16, K] bits."""
-    blocks, kblocks, _ = planes.shape
-    bits = (planes.to(torch.int16)[..., None] >> torch.arange(8, dtype=torch.int16)) & 1
-    return bits.reshape(blocks, kblocks, 8, COLS, 4).permute(0, 3, 1, 2, 4).reshape(blocks * COLS, kblocks * BLOCK)
-
-
 def full_quants(cells: torch.Tensor, kind: Kind, low: torch.Tensor) -> torch.Tensor:
     """The quants [out (padded), K] (unsigned) from the low nibbles `low` and the bit planes."""
     if kind == Kind.Q4_K:
         return low
-    planes = cell_part(cells, kind, "qh")
-    q = low | (_unplane(planes[..., :64].contiguous()) << 4)
-    return q | (_unplane(planes[..., 64:].contiguous()) << 5) if kind == Kind.Q6_K else q
+    return low | (_unhigh_bits(cell_part(cells, kind, "qh").contiguous(), 1 if kind == Kind.Q5_K else 2) << 4)
 
 
 def _rows_of(t: torch.Tensor, per: int) -> torch.Tensor:

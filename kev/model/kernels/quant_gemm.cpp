@@ -114,9 +114,9 @@ RowsQ quantize_rows(const at::Tensor& x) {
 
 // The packed weight: cells [column blocks][k blocks][cell bytes], each cell 16 columns × 32 k: the quants (512
 // bytes Q8, 256 Q4), then 16 fp16 scales d (none under w8a8), 16 fp16 mins (Q4Min), 16 int16 quant sums (Q8).
-// K-quants: a cell is 16 columns × 256 k, 8 sub-cells of 32 k (the Q4 quant layout for the low 4 bits, bit planes
-// of 64 bytes for bit 4 (Q5K, Q6K) and bit 5 (Q6K), then 16 uint8 scales and 16 uint8 mins (Q6K: 2 × 16 int8
-// scales, one per 16-k half)), then the 16 columns' fp16 d (and dmin).
+// K-quants: a cell is 16 columns × 256 k, 8 sub-cells of 32 k (the Q4 quant layout for the low 4 bits, then 64
+// bytes of bit 4 (Q5K) or 128 bytes of bits 4-5 (Q6K), several steps to a byte: high_bits_at, then 16 uint8 scales
+// and 16 uint8 mins (Q6K: 2 × 16 int8 scales, one per 16-k half)), then the 16 columns' fp16 d (and dmin).
 // One stream of bytes per column block, in the order the kernel reads them. The cell size names the layout.
 struct Weights {
   const uint8_t* cells;
@@ -170,18 +170,28 @@ struct Acts {
   int64_t k, kblocks;
 };
 
-#if KEV_QUANT_AVX512
-// Bits 4 (and 5) of the quants of group g (steps 2g, 2g + 1) from the sub-cell's bit planes into lo and hi.
-inline void high_bits512(const uint8_t* planes, int g, bool six, __m512i& lo, __m512i& hi) {
-  for (int plane = 0; plane < (six ? 2 : 1); ++plane) {
-    uint64_t m0, m1;
-    std::memcpy(&m0, planes + plane * 64 + 16 * g, 8), std::memcpy(&m1, planes + plane * 64 + 16 * g + 8, 8);
-    const __m512i bit = _mm512_set1_epi8(static_cast<char>(16 << plane));
-    lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(m0, bit));
-    hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(m1, bit));
-  }
+#if KEV_QUANT_AVX2
+// The high quant bits of group g (steps 2g, 2g + 1) at bit 4: Q5K's bit 4 (a byte holds 8 steps of its position, step
+// s at bit s) or Q6K's bits 4-5 (4 steps a byte, step s at bits 2s; steps 4..7 in the next 64 bytes), model/kquant.py's
+// _high_bits. 16-bit shifts are exact here: a byte's bits reach bit 4 (and 5) from its own byte.
+inline const uint8_t* high_bits_at(const uint8_t* sub, int g, bool six) {
+  return sub + 256 + (six ? (g / 2) * 64 : 0);
 }
+inline int high_bit(int g, bool six) { return six ? 4 * (g % 2) : 2 * g; }  // where step 2g's bits start
 
+inline __m512i to_bit4(__m512i v, int bit, bool six) {
+  const __m512i moved = bit <= 4 ? _mm512_sll_epi16(v, _mm_cvtsi32_si128(4 - bit))
+                                 : _mm512_srl_epi16(v, _mm_cvtsi32_si128(bit - 4));
+  return _mm512_and_si512(moved, _mm512_set1_epi8(six ? 0x30 : 0x10));
+}
+inline __m256i to_bit4(__m256i v, int bit, bool six) {
+  const __m256i moved = bit <= 4 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - bit))
+                                 : _mm256_srl_epi16(v, _mm_cvtsi32_si128(bit - 4));
+  return _mm256_and_si256(moved, _mm256_set1_epi8(six ? 0x30 : 0x10));
+}
+#endif
+
+#if KEV_QUANT_AVX512
 // Q6K: one 16-k half's exact integer sum times its int8 scale, sc·(isum - 32·qsum16), into `into` (may be isum).
 template <int MR, int NB>
 inline void half512(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, int64_t b, int h,
@@ -279,7 +289,13 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
           const __m512i raw = _mm512_loadu_si512(qs + j * stride + g * 64);
           __m512i lo = _mm512_and_si512(raw, low4);
           __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-          if (w.plane_bytes()) high_bits512(qs + j * stride + 256, g, w.kind == kQ6K, lo, hi);
+          if (w.plane_bytes()) {
+            const bool six = w.kind == kQ6K;
+            const __m512i v = _mm512_loadu_si512(high_bits_at(qs + j * stride, g, six));
+            const int bit = high_bit(g, six);
+            lo = _mm512_or_si512(lo, to_bit4(v, bit, six));
+            hi = _mm512_or_si512(hi, to_bit4(v, bit + (six ? 2 : 1), six));
+          }
           for (int r = 0; r < MR; ++r) {
             isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], lo, _mm512_set1_epi32(x0[r]));
             isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], hi, _mm512_set1_epi32(x1[r]));
@@ -343,17 +359,6 @@ inline __m256i dot4(__m256i acc, __m256i u8, __m256i s8) {
 #endif
 }
 
-// 32 bits of a bit plane as bytes: `bit` where the bit is set, else 0.
-inline __m256i expand_bits(const uint8_t* plane, __m256i bit) {
-  int32_t bits;
-  std::memcpy(&bits, plane, 4);
-  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
-                                          3, 3, 3, 3, 3, 3);
-  const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-  const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread), select);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(v, select), bit);
-}
-
 // K-quants on one 8-column half (at: 0 or 8) of a sub-cell: Q6K's scaled half sums, then the fp32 steps as ksteps512.
 template <int MR, int NJ>
 inline void ksteps256(const Weights& w, const RowsQ& rq, int64_t row0, const uint8_t* cell, const uint16_t* dd,
@@ -384,7 +389,8 @@ inline void ksteps256(const Weights& w, const RowsQ& rq, int64_t row0, const uin
 template <int MR>
 inline void half256(const Weights& w, const RowsQ& rq, int64_t row0, const uint8_t* cell, int64_t at, int64_t b,
                     int h, const __m256i (&isum)[MR], __m256i (&into)[MR]) {
-  const __m256i scale = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.ksc(cell) + 16 * h + at)));
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.ksc(cell) + 16 * h + at));
+  const __m256i scale = _mm256_cvtepi8_epi32(raw);
   for (int r = 0; r < MR; ++r) {
     const __m256i c = _mm256_set1_epi32(32 * rq.qsum16[(row0 + r) * 2 * w.kblocks + 2 * b + h]);
     into[r] = _mm256_mullo_epi32(_mm256_sub_epi32(isum[r], c), scale);
@@ -425,11 +431,13 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
           const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 64));
           __m256i lo = _mm256_and_si256(raw, low4);
           __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-          for (int plane = 0; plane < w.plane_bytes() / 64; ++plane) {  // bits 4 (and 5): steps 2g, 2g + 1
-            const uint8_t* bits = cell + 256 + plane * 64 + 16 * g + (j % 2) * 4;
-            const __m256i bit = _mm256_set1_epi8(static_cast<char>(16 << plane));
-            lo = _mm256_or_si256(lo, expand_bits(bits, bit));
-            hi = _mm256_or_si256(hi, expand_bits(bits + 8, bit));
+          if (w.plane_bytes()) {  // this half's 32 positions of the 64
+            const bool six = w.kind == kQ6K;
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high_bits_at(cell, g, six) +
+                                                                                   (j % 2) * 32));
+            const int bit = high_bit(g, six);
+            lo = _mm256_or_si256(lo, to_bit4(v, bit, six));
+            hi = _mm256_or_si256(hi, to_bit4(v, bit + (six ? 2 : 1), six));
           }
           for (int r = 0; r < MR; ++r) {
             int32_t x0, x1;
