@@ -40,7 +40,7 @@ def weight(folder: Path, name: str, k: int, n: int) -> QuantWeight:
 def timings(ws: dict[str, list[QuantWeight]], x: torch.Tensor, rounds: int) -> dict[str, list[float]]:
     """ms per call, the types interleaved call by call so that the machine's load hits them alike."""
     times: dict[str, list[float]] = {name: [] for name in ws}
-    for name, copies in ws.items():
+    for copies in ws.values():
         copies[0](x)
     for i in range(rounds):
         for name, copies in ws.items():
