@@ -126,18 +126,21 @@ struct Weights {
   const float* scale;     // w8a8: per column, padded; else null
   const float* bias;      // padded, or null
   int64_t kblocks, out_features;
-  int64_t per_cell;       // 32-k blocks per cell: 8 for K-quants, else 1
+  int64_t per_shift;      // log2 of the 32-k blocks per cell: 3 for K-quants (8), else 0 (shifts, not divisions:
+                          // these addresses are computed per block in the inner loops)
   int64_t sub_bytes;      // bytes of one 32-k block in a cell
   bool kquant() const { return kind >= kQ4K; }
   int64_t quant_bytes() const { return kind == kQ8 ? 512 : 256; }
   int64_t plane_bytes() const { return kind == kQ5K ? 64 : kind == kQ6K ? 128 : 0; }
   const uint8_t* whole(int64_t block, int64_t b) const {
-    return cells + (block * (kblocks / per_cell) + b / per_cell) * cell_bytes;
+    return cells + (block * (kblocks >> per_shift) + (b >> per_shift)) * cell_bytes;
   }
-  const uint8_t* cell(int64_t block, int64_t b) const { return whole(block, b) + (b % per_cell) * sub_bytes; }
-  int64_t block_stride() const { return kblocks / per_cell * cell_bytes; }  // to the next column block, same k
+  const uint8_t* cell(int64_t block, int64_t b) const {
+    return whole(block, b) + (b & ((int64_t{1} << per_shift) - 1)) * sub_bytes;
+  }
+  int64_t block_stride() const { return (kblocks >> per_shift) * cell_bytes; }  // to the next column block, same k
   const uint16_t* kd(int64_t block, int64_t b) const {  // K-quants: the cell's 16 fp16 d, then 16 dmin
-    return reinterpret_cast<const uint16_t*>(whole(block, b) + per_cell * sub_bytes);
+    return reinterpret_cast<const uint16_t*>(whole(block, b) + (sub_bytes << per_shift));
   }
   const uint8_t* ksc(const uint8_t* sub) const { return sub + 256 + plane_bytes(); }  // then mins (Q4K, Q5K)
   const uint16_t* d(const uint8_t* cell) const { return reinterpret_cast<const uint16_t*>(cell + quant_bytes()); }
@@ -148,20 +151,20 @@ struct Weights {
 struct Layout {
   int64_t kind;  // -1: no layout has this cell size
   bool has_d;
-  int64_t per_cell, sub_bytes;
+  int64_t per_shift, sub_bytes;  // log2 of the 32-k blocks per cell; bytes of one
 };
 
 // The layout a cell size stands for (model/quant_weight.py's cell_layout, model/kquant.py's cell_bytes).
 Layout layout_of(int64_t cell_bytes) {
   switch (cell_bytes) {
-    case 576: return {kQ8, true, 1, 576};
-    case 544: return {kQ8, false, 1, 544};
-    case 288: return {kQ4, true, 1, 288};
-    case 320: return {kQ4Min, true, 1, 320};
-    case 2368: return {kQ4K, true, 8, 288};
-    case 2880: return {kQ5K, true, 8, 352};
-    case 3360: return {kQ6K, true, 8, 416};
-    default: return {-1, false, 1, 0};
+    case 576: return {kQ8, true, 0, 576};
+    case 544: return {kQ8, false, 0, 544};
+    case 288: return {kQ4, true, 0, 288};
+    case 320: return {kQ4Min, true, 0, 320};
+    case 2368: return {kQ4K, true, 3, 288};
+    case 2880: return {kQ5K, true, 3, 352};
+    case 3360: return {kQ6K, true, 3, 416};
+    default: return {-1, false, 0, 0};
   }
 }
 
@@ -539,7 +542,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   const int64_t kind = layout.kind;
   const bool has_d = layout.has_d;
   TORCH_CHECK(kind >= 0, "kev::quant_linear: no layout has ", cells.size(2), "-byte cells");
-  TORCH_CHECK(cells.is_contiguous() && kblocks % layout.per_cell == 0 && cells.size(1) == kblocks / layout.per_cell &&
+  const int64_t per_cell = int64_t{1} << layout.per_shift;
+  TORCH_CHECK(cells.is_contiguous() && kblocks % per_cell == 0 && cells.size(1) == kblocks / per_cell &&
                   cells.size(0) * kCols >= out_features,
               "kev::quant_linear: packed cells must be uint8 [column blocks, K/32 (K-quants: K/256), cell bytes]");
   const auto ptr = [](const c10::optional<at::Tensor>& t) -> const float* {
@@ -549,7 +553,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   const Path chosen = path == kAuto ? best_path() : static_cast<Path>(path);
   TORCH_CHECK(pick_tile(chosen, 1, 1) != nullptr, "kev::quant_linear: path ", path, " is not built on this CPU");
   const Weights w{cells.data_ptr<uint8_t>(), cells.size(2), static_cast<Kind>(kind), has_d, ptr(scale), ptr(bias),
-                  kblocks, out_features, layout.per_cell, layout.sub_bytes};
+                  kblocks, out_features, layout.per_shift, layout.sub_bytes};
   const int64_t rows = x.size(0), blocks = (out_features + kCols - 1) / kCols;
   auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
   if (rows == 0) return out;
