@@ -1,18 +1,24 @@
-"""A Llama-1B-shaped GGUF with random weights (`kev bench --random-gguf Q4_0|Q8_0`): what a CPU user's 4- or 8-bit
-1B file costs to serve, without shipping one. Shape of Llama-3.2-1B (hidden 2048, 16 layers, 32 heads, 8 KV heads,
-FFN 8192, tied head) with the default model's tokenizer (vocabulary 49,152 instead of 128,256). Weights N(0, 0.02)
-quantized with the `gguf` package, norms 1. Written once under $KEV_CACHE_DIR/bench."""
+"""A Llama-1B-shaped GGUF with random weights (`kev bench --random-gguf Q4_0|Q8_0|Q4_K|Q5_K|Q6_K`): what a CPU user's
+4- to 8-bit 1B file costs to serve, without shipping one. Shape of Llama-3.2-1B (hidden 2048, 16 layers, 32 heads, 8
+KV heads, FFN 8192, tied head) with the default model's tokenizer (vocabulary 49,152 instead of 128,256). Weights
+N(0, 0.02) quantized with the `gguf` package; the package cannot quantize to K-quants, so those are random blocks
+(random quants and integer scales, fp16 scales picked for a spread near 0.02: any bit pattern of the quants is a valid
+block). Norms 1. Written once under $KEV_CACHE_DIR/bench."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
 from kev.model.model_store import ALIASES, _alias_gguf, cache_root
 
 SHAPE = {"hidden": 2048, "layers": 16, "heads": 32, "kv_heads": 8, "ffn": 8192}
+TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+# K-quants: (byte offsets of the fp16 d and dmin in a super-block, d for a weight spread near 0.02, dmin / d)
+_K_SCALES = {GGMLQuantizationType.Q4_K: ((0, 2), 6e-5, 7.5), GGMLQuantizationType.Q5_K: ((0, 2), 3e-5, 15.5),
+             GGMLQuantizationType.Q6_K: ((208,), 1.5e-5, 0.0)}
 _TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
                    "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                    "tokenizer.ggml.padding_token_id", "tokenizer.ggml.unknown_token_id", "tokenizer.chat_template",
@@ -20,14 +26,14 @@ _TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml
 
 
 def random_llama_gguf(qtype_name: str) -> Path:
-    """The file for this quant type (Q4_0 or Q8_0), written on first use."""
+    """The file for this quant type (one of TYPES), written on first use."""
     qtype = GGMLQuantizationType[qtype_name]
     path = cache_root() / "bench" / f"llama-1b-shape-random-{qtype_name}.gguf"
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    _write(partial, qtype)
+    _write(partial, qtype, SHAPE)
     partial.replace(path)
     return path
 
@@ -48,8 +54,29 @@ def _copy_tokenizer(writer: GGUFWriter) -> int:
     return vocab
 
 
-def _write(path: Path, qtype: GGMLQuantizationType) -> None:
-    s, rng = SHAPE, np.random.default_rng(0)
+def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, bytes] of `qtype` blocks standing for random weights of spread ~0.02."""
+    if qtype not in _K_SCALES:
+        return quantize((rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float32), qtype)
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    at, d, dmin_per_d = _K_SCALES[qtype]
+    scale = (d * rng.uniform(0.5, 1.5, raw.shape[:2])).astype(np.float16)
+    for offset, value in zip(at, (scale, (scale.astype(np.float32) * dmin_per_d).astype(np.float16))):
+        raw[..., offset: offset + 2] = value[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def write_random_llama_gguf(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int = 0,
+                            types: dict[str, GGMLQuantizationType] | None = None) -> None:
+    """A llama GGUF of shape `s` (SHAPE's keys) with random `qtype` weights and the default model's tokenizer;
+    `types` overrides the type of tensors by their part name (token_embd, attn_q, ..., ffn_down)."""
+    _write(path, qtype, s, seed, types or {})
+
+
+def _write(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int = 0,
+           types: dict[str, GGMLQuantizationType] | None = None) -> None:
+    rng, types = np.random.default_rng(seed), types or {}
     writer = GGUFWriter(str(path), "llama")
     head_dim = s["hidden"] // s["heads"]
     writer.add_context_length(4096)
@@ -65,8 +92,8 @@ def _write(path: Path, qtype: GGMLQuantizationType) -> None:
     writer.add_vocab_size(vocab)
 
     def weight(name: str, rows: int, cols: int) -> None:
-        data = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float32)
-        writer.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+        kind = types.get(name.split(".")[-2], qtype)
+        writer.add_tensor(name, random_blocks(kind, rows, cols, rng), raw_dtype=kind)
 
     weight("token_embd.weight", vocab, s["hidden"])
     writer.add_tensor("output_norm.weight", np.ones(s["hidden"], dtype=np.float32))

@@ -11,6 +11,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from kev.bench.random_gguf import TYPES as RANDOM_GGUF_TYPES
 from kev.bench.throughput import load_hf_reference, run_throughput
 from kev.cli.common import add_config_flags, config_from_args
 from kev.cli.progress import progress_bar
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", choices=["vllm", "llamacpp"], action="append", default=[],
                         help="also run vLLM's CPU build (.venv-vllm, see `make bench-vllm`) or llama.cpp's "
                              "llama-server (a .gguf model; bench/build_llamacpp.sh) on the same prompts")
-    parser.add_argument("--random-gguf", choices=["Q4_0", "Q8_0"],
+    parser.add_argument("--random-gguf", choices=RANDOM_GGUF_TYPES,
                         help="run on a Llama-1B-shaped GGUF of random weights in this quant type, written once under "
                              "the cache (kev/bench/random_gguf.py), instead of --model")
     parser.add_argument("--parallel", type=int,

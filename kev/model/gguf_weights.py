@@ -1,14 +1,17 @@
 """core.precision gguf: a GGUF's own block-quantized weights, held as the file has them.
 
-Each linear weight of type Q8_0, Q4_0 or Q4_1 becomes a QuantWeight (model/quant_weight.py): the same quants and
-fp16 scales (and mins), repacked for the kernel, about the file's bytes. Rows of q and k are unpermuted and the
-q/k/v and gate/up parts concatenated by rows, which moves whole blocks and changes no value. A tensor of another
-type (Q4_K, Q6_K, F16, ...) is dequantized to the compute dtype with a one-line notice naming it, and so is a fused
-weight whose parts differ in type. Norms are read as the file has them (F32).
+Each linear weight of type Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K becomes a QuantWeight (model/quant_weight.py,
+model/kquant.py): the same quants and scales (and mins), repacked for the kernel, about the file's bytes. Rows of q
+and k are unpermuted and the q/k/v and gate/up parts concatenated by rows, which moves whole blocks and changes no
+value. A tensor of another type (Q5_0, Q2_K, F16, ...) is dequantized to the compute dtype with a one-line notice
+naming it, and so is a fused weight whose parts differ in type. Norms are read as the file has them (F32).
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from functools import partial
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +20,9 @@ from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from torch import nn
 
 from kev.model.gguf_convert import _dequantize, hf_name, unpermute
+from kev.model import kquant
 from kev.model.linear import Linear
-from kev.model.quant_weight import BLOCK, Kind, QuantWeight, pack
+from kev.model.quant_weight import BLOCK, Kind, QuantWeight, pack, pack_k
 
 log = logging.getLogger("kev.model")
 
@@ -33,16 +37,39 @@ _FUSED = {  # Kev's fused linears: (fused name, HF parts in order)
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
 
-Blocks = tuple[Kind, str, np.ndarray, np.ndarray, np.ndarray | None]  # kind, type name, q [N, K], d, m [N, K/32]
+
+
+@dataclass
+class Blocks:
+    """A weight's blocks as per-row arrays: q [N, K] and its scales (Q8_0 / Q4_0 / Q4_1: d, m [N, K/32]; K-quants:
+    kquant.read_k_blocks's parts). Every part has one row per output row, so rows move with their blocks."""
+
+    kind: Kind
+    type_name: str
+    parts: dict[str, np.ndarray]
+
+    def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> Blocks:
+        return Blocks(self.kind, self.type_name, {name: fn(a) for name, a in self.parts.items()})
+
+    def to_weight(self) -> QuantWeight:
+        t = {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in self.parts.items()}
+        if self.kind.super_blocks:
+            return pack_k(self.kind, t, self.type_name)
+        return pack(t["q"], t["d"], t.get("m"), self.kind, self.type_name)
 
 
 def read_blocks(t: ReaderTensor) -> Blocks | None:
     """A tensor's quants and scales per row, or None where its type is not one the kernel holds."""
+    if len(t.shape) != 2:
+        return None
+    rows, k = int(t.shape[1]), int(t.shape[0])
+    if t.tensor_type in kquant.K_KINDS:
+        kind = kquant.K_KINDS[t.tensor_type]
+        return Blocks(kind, t.tensor_type.name, kquant.read_k_blocks(kind, np.asarray(t.data), rows, k))
     spec = _BLOCKS.get(t.tensor_type)
-    if spec is None or len(t.shape) != 2:
+    if spec is None:
         return None
     kind, size, has_min = spec
-    rows, k = int(t.shape[1]), int(t.shape[0])
     cells = np.asarray(t.data).reshape(rows, k // BLOCK, size)
     d = np.ascontiguousarray(cells[..., :2]).view(np.float16)[..., 0]
     m = np.ascontiguousarray(cells[..., 2:4]).view(np.float16)[..., 0] if has_min else None
@@ -51,12 +78,8 @@ def read_blocks(t: ReaderTensor) -> Blocks | None:
         q = np.ascontiguousarray(raw).view(np.int8).astype(np.int16)
     else:  # byte j holds k = j (low nibble) and k = j + 16 (high nibble)
         q = np.concatenate([raw & 0xF, raw >> 4], axis=-1).astype(np.int16)
-    return kind, t.tensor_type.name, q.reshape(rows, k), d, m
-
-
-def _unpermute_blocks(b: Blocks, heads: int) -> Blocks:
-    kind, name, q, d, m = b
-    return kind, name, unpermute(q, heads), unpermute(d, heads), None if m is None else unpermute(m, heads)
+    parts = {"q": q.reshape(rows, k), "d": d} | ({} if m is None else {"m": m})
+    return Blocks(kind, t.tensor_type.name, parts)
 
 
 def _dense(t: ReaderTensor) -> np.ndarray:
@@ -74,11 +97,11 @@ def read_gguf(path: Path, n_head: int, n_kv: int) -> tuple[dict[str, torch.Tenso
         name = name.removeprefix("model.")
         held = read_blocks(t) if name.endswith(".weight") else None
         if held is not None:
-            blocks[name] = held if heads is None else _unpermute_blocks(held, heads)
+            blocks[name] = held if heads is None else held.map(partial(unpermute, n_head=heads))
             continue
         if len(t.shape) == 2:
-            log.info("GGUF tensor %s is %s: dequantized to the compute dtype (core.precision gguf holds Q8_0, Q4_0 "
-                     "and Q4_1 blocks)", t.name, t.tensor_type.name)
+            log.info("GGUF tensor %s is %s: dequantized to the compute dtype (core.precision gguf holds Q8_0, Q4_0, "
+                     "Q4_1, Q4_K, Q5_K and Q6_K blocks)", t.name, t.tensor_type.name)
         w = _dense(t)
         dense[name] = torch.from_numpy(np.array(unpermute(w, heads) if heads is not None else w))
     return dense, blocks
@@ -87,16 +110,15 @@ def read_gguf(path: Path, n_head: int, n_kv: int) -> tuple[dict[str, torch.Tenso
 def _fuse(name: str, parts: list[str], dense: dict[str, torch.Tensor], blocks: dict[str, Blocks]) -> None:
     """Concatenate the parts of a fused linear by rows: in blocks where all parts share one type, else dense."""
     held = [blocks.get(p) for p in parts]
-    if all(h is not None for h in held) and len({h[0] for h in held if h is not None}) == 1:
-        got = [h for h in held if h is not None]
-        m = None if got[0][4] is None else np.concatenate([h[4] for h in got if h[4] is not None])
-        blocks[name] = (got[0][0], got[0][1], np.concatenate([h[2] for h in got]), np.concatenate([h[3] for h in got]),
-                        m)
+    got = [h for h in held if h is not None]
+    if len(got) == len(held) and len({h.kind for h in got}) == 1:
+        blocks[name] = Blocks(got[0].kind, got[0].type_name,
+                              {part: np.concatenate([h.parts[part] for h in got]) for part in got[0].parts})
     else:
         for p, h in zip(parts, held):
             if h is not None:
                 log.info("GGUF weight %s is %s but its fused neighbours differ: dequantized to the compute dtype",
-                         p, h[1])
+                         p, h.type_name)
                 dense[p] = dequantized(h)
         dense[name] = torch.cat([dense.pop(p) for p in parts])
     for p in parts:
@@ -104,8 +126,10 @@ def _fuse(name: str, parts: list[str], dense: dict[str, torch.Tensor], blocks: d
 
 
 def dequantized(b: Blocks) -> torch.Tensor:
-    kind, _, q, d, m = b
-    w = (q.astype(np.float32) - (8 if kind == Kind.Q4 else 0)).reshape(q.shape[0], -1, BLOCK)
+    if b.kind.super_blocks:
+        return b.to_weight().unpack()
+    q, d, m = b.parts["q"], b.parts["d"], b.parts.get("m")
+    w = (q.astype(np.float32) - (8 if b.kind == Kind.Q4 else 0)).reshape(q.shape[0], -1, BLOCK)
     w = w * d.astype(np.float32)[..., None] + (0 if m is None else m.astype(np.float32)[..., None])
     return torch.from_numpy(w.reshape(q.shape))
 
@@ -128,9 +152,7 @@ def attach_gguf(model: nn.Module, path: Path, num_layers: int, n_head: int, n_kv
     for name, module in model.named_modules():
         key = name + ".weight"
         if isinstance(module, Linear) and key in blocks:
-            kind, type_name, q, d, m = blocks.pop(key)
-            module.packed = pack(torch.from_numpy(q), torch.from_numpy(d),
-                                 None if m is None else torch.from_numpy(m), kind, type_name)
+            module.packed = blocks.pop(key).to_weight()
             module.weight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
     return dense
 

@@ -3,7 +3,8 @@
 A QuantWeight holds a linear layer's weight as GGUF's Q8_0 / Q4_0 / Q4_1 blocks hold it (32 k per block: quants,
 an fp16 scale d, Q4_1 an fp16 min m), or under w8a8 as int8 with one fp32 scale per output column, repacked once
 into the layout kernels/quant_gemm.cpp reads: 16 output columns × 32 k per cell, the same bytes per weight as the
-file. The kernel quantizes each row of x on its own (blocks of 32, as llama.cpp's q8 activations), sums each block's
+file; or as GGUF's K-quant super-blocks hold it (Q4_K / Q5_K / Q6_K, cells of 16 columns × 256 k: model/kquant.py).
+The kernel quantizes each row of x on its own (blocks of 32, as llama.cpp's q8 activations), sums each block's
 products exactly in int32 and scales in fp32 in a fixed order; `reference_linear` is the same math in torch ops
 (the fallback where the kernels are not built, and the tests' reference), giving the same bits.
 """
@@ -17,6 +18,7 @@ import torch
 
 BLOCK = 32  # k per quant block
 COLS = 16  # output columns per packed cell
+SUPER = 256  # k per K-quant super-block (one packed cell of Q4_K / Q5_K / Q6_K)
 
 
 class Kind(IntEnum):
@@ -26,6 +28,13 @@ class Kind(IntEnum):
     Q8 = 0
     Q4 = 1
     Q4_MIN = 2
+    Q4_K = 3  # K-quants (model/kquant.py): cells of 16 columns × 256 k
+    Q5_K = 4
+    Q6_K = 5
+
+    @property
+    def super_blocks(self) -> bool:
+        return self >= Kind.Q4_K
 
 
 def kernel_paths() -> tuple[str, ...]:
@@ -72,6 +81,10 @@ class QuantWeight:
 
     def part(self, name: str) -> torch.Tensor | None:
         """One part of every cell, [column blocks, K/32, 16 (d, m, wsum) | bytes (qs)] in its dtype, or None."""
+        if self.kind.super_blocks:
+            from kev.model.kquant import cell_part
+
+            return cell_part(self.cells, self.kind, name).contiguous() if name == "qs" else None
         at = 0
         for part, size in cell_layout(self.kind, self.scale is None):
             if part == name:
@@ -117,10 +130,20 @@ class QuantWeight:
             return q.reshape(blocks * COLS, kblocks * BLOCK).to(torch.int16)
         raw = self.qs.view(blocks, kblocks, 4, COLS, 4).to(torch.int16)  # [.., group, column, k]
         q = torch.stack([raw & 0xF, raw >> 4], dim=-2)  # [.., group, column, low/high step, k]
-        return q.permute(0, 3, 1, 2, 4, 5).reshape(blocks * COLS, kblocks * BLOCK)
+        q = q.permute(0, 3, 1, 2, 4, 5).reshape(blocks * COLS, kblocks * BLOCK)
+        if self.kind.super_blocks:
+            from kev.model.kquant import full_quants
+
+            return full_quants(self.cells, self.kind, q)
+        return q
 
     def unpack(self) -> torch.Tensor:
         """W [out, in] in fp32, dequantized: exactly the values the file's blocks stand for."""
+        if self.kind.super_blocks:
+            from kev.model import kquant
+
+            w = kquant.dequantize(self.quants(), self.kind, kquant.scales(self.cells, self.kind))
+            return w[: self.out_features]
         q = self.quants().float()[: self.out_features].view(self.out_features, -1, BLOCK)
         if self.kind == Kind.Q4:
             q = q - 8
@@ -151,6 +174,8 @@ def _per_block(t: torch.Tensor, rows: int) -> torch.Tensor:
 def pack(q: torch.Tensor, d: torch.Tensor | None, m: torch.Tensor | None, kind: Kind, type_name: str,
          scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> QuantWeight:
     """q: [out, in] quant values (Q8: -128..127; Q4: 0..15); d, m: fp16 [out, in/32] (d None: w8a8, with `scale`)."""
+    if kind.super_blocks:
+        raise ValueError(f"{kind.name} is packed by pack_k")
     out_features, in_features = q.shape
     if in_features % BLOCK:
         raise ValueError(f"quantized weights need in_features a multiple of {BLOCK}, not {in_features}")
@@ -169,14 +194,36 @@ def pack(q: torch.Tensor, d: torch.Tensor | None, m: torch.Tensor | None, kind: 
         qs = q.to(torch.int8).view(blocks, COLS, kblocks, 8, 4).permute(0, 2, 3, 1, 4).reshape(blocks, kblocks, 512)
         qs = qs.contiguous().view(torch.uint8)
     else:
-        split = q.view(blocks, COLS, kblocks, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [.., group, column, k, low/high]
-        qs = (split[..., 0] | (split[..., 1] << 4)).to(torch.uint8).reshape(blocks, kblocks, 256).contiguous()
+        qs = _nibbles(q, blocks, kblocks)
     padded = None if scale is None else torch.nn.functional.pad(scale.float(), (0, pad)).contiguous()
     bias_p = None if bias is None else torch.nn.functional.pad(bias.float(), (0, pad)).contiguous()
     parts = {"qs": qs, "d": cells(d, torch.float16), "m": cells(m, torch.float16), "wsum": cells(wsum, torch.int16)}
     layout = [parts[name] for name, _ in cell_layout(kind, d is not None)]
     joined = torch.cat([p.reshape(blocks, kblocks, -1).view(torch.uint8) for p in layout if p is not None], dim=-1)
     return QuantWeight(joined.contiguous(), padded, bias_p, kind, out_features, in_features, type_name)
+
+
+def _nibbles(q: torch.Tensor, blocks: int, kblocks: int) -> torch.Tensor:
+    """Quants 0..15 [out (padded), K] -> the Q4 cell layout [column blocks, K/32, 256]: byte (group, column, i) holds
+    k = 8·group + i in its low nibble and k = 8·group + 4 + i in its high one."""
+    split = q.view(blocks, COLS, kblocks, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # [.., group, column, k, low/high]
+    return (split[..., 0] | (split[..., 1] << 4)).to(torch.uint8).reshape(blocks, kblocks, 256).contiguous()
+
+
+def pack_k(kind: Kind, parts: dict[str, torch.Tensor], type_name: str) -> QuantWeight:
+    """K-quant super-blocks from per-row parts (model/kquant.py's read_k_blocks): q [out, in] unsigned quants, sc,
+    m, d, dmin."""
+    from kev.model.kquant import pack_cells
+
+    out_features, in_features = parts["q"].shape
+    if in_features % SUPER:
+        raise ValueError(f"{type_name} weights need in_features a multiple of {SUPER}, not {in_features}")
+    blocks, kblocks = -(-out_features // COLS), in_features // BLOCK
+    pad = blocks * COLS - out_features
+    padded = {name: torch.nn.functional.pad(t, (0, 0, 0, pad)) for name, t in parts.items()}
+    padded["q"] = padded["q"].to(torch.int16)
+    cells = pack_cells(kind, padded, blocks, _nibbles(padded["q"] & 0xF, blocks, kblocks))
+    return QuantWeight(cells, None, None, kind, out_features, in_features, type_name)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,6 +242,12 @@ def reference_linear(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     small integers is exact), then the fp32 steps in the kernel's order, each rounded on its own."""
     xq, dx = quantize_activations(x)
     rows, kblocks = dx.shape
+    if w.kind.super_blocks:
+        from kev.model import kquant
+
+        sums = kquant.reference_sums(xq, dx, w.quants()[: w.out_features], w.kind,
+                                     {k: v[: w.out_features] for k, v in kquant.scales(w.cells, w.kind).items()})
+        return sums + w.bias[: w.out_features] if w.bias is not None else sums
     xb = xq.view(rows, kblocks, BLOCK).to(torch.float64).permute(1, 0, 2)  # [kblocks, rows, 32]
     q = w.quants()[: w.out_features].view(w.out_features, kblocks, BLOCK).to(torch.float64).permute(1, 2, 0)
     isum = torch.bmm(xb, q)  # [kblocks, rows, out]: integers

@@ -56,37 +56,42 @@ constexpr int kBlockK = 32;   // k per quant block
 constexpr int kMaxRows = 4;   // rows per register tile
 constexpr int kMaxBlocks = 8; // column blocks per register tile
 
-enum Kind : int64_t { kQ8 = 0, kQ4 = 1, kQ4Min = 2 };  // Q4: q - 8 (Q4_0); Q4Min: d·q + m (Q4_1)
+// Q4: q - 8 (Q4_0); Q4Min: d·q + m (Q4_1); K-quants (model/kquant.py): Q4K / Q5K d·sc·q - dmin·m with q 0..15 /
+// 0..31, Q6K d·sc·(q - 32) with q 0..63 and one int8 sc per 16 k.
+enum Kind : int64_t { kQ8 = 0, kQ4 = 1, kQ4Min = 2, kQ4K = 3, kQ5K = 4, kQ6K = 5 };
 enum Path : int64_t { kAuto = 0, kAvx512 = 1, kAvx2 = 2 };
 
 // One row quantized: q (int8) and q + 128 (as bytes, for Q8 weights where the activation is vpdpbusd's unsigned
-// side), per block the scale, the sum of q and the scaled sum.
+// side), per block the scale, the sum of q and the scaled sum, and the sums of each 16-k half (Q6K's sub-blocks).
 struct RowsQ {
   std::vector<int8_t> q;
   std::vector<uint8_t> u;
   std::vector<float> dx, sx;
-  std::vector<int32_t> qsum;
+  std::vector<int32_t> qsum, qsum16;
 };
 
 // Scalar on purpose: the rounding (nearbyint under the default round-to-nearest-even mode) and the divisions must be
 // exactly what the torch fallback does, and quantizing is O(M·K) against the GEMM's O(M·N·K).
-void quantize_row(const float* x, int64_t k, int8_t* q, uint8_t* u, float* dx, float* sx, int32_t* qsum) {
+void quantize_row(const float* x, int64_t k, int8_t* q, uint8_t* u, float* dx, float* sx, int32_t* qsum,
+                  int32_t* qsum16) {
   for (int64_t b = 0; b < k / kBlockK; ++b) {
     const float* xb = x + b * kBlockK;
     float amax = 0.0f;
     for (int i = 0; i < kBlockK; ++i) amax = std::max(amax, std::fabs(xb[i]));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int32_t sum = 0;
+    int32_t sum = 0, half[2] = {0, 0};
     for (int i = 0; i < kBlockK; ++i) {
       const float scaled = xb[i] * id;
       const int32_t v = static_cast<int32_t>(std::nearbyint(scaled));
       q[b * kBlockK + i] = static_cast<int8_t>(v);
       u[b * kBlockK + i] = static_cast<uint8_t>(v + 128);
       sum += v;
+      half[i / 16] += v;
     }
     dx[b] = d;
     qsum[b] = sum;
+    qsum16[2 * b] = half[0], qsum16[2 * b + 1] = half[1];
     sx[b] = d * static_cast<float>(sum);
   }
 }
@@ -98,16 +103,20 @@ RowsQ quantize_rows(const at::Tensor& x) {
   RowsQ r;
   r.q.resize(rows * k), r.u.resize(rows * k);
   r.dx.resize(rows * blocks), r.sx.resize(rows * blocks), r.qsum.resize(rows * blocks);
+  r.qsum16.resize(2 * rows * blocks);
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m)
       quantize_row(xp + m * k, k, r.q.data() + m * k, r.u.data() + m * k, r.dx.data() + m * blocks,
-                   r.sx.data() + m * blocks, r.qsum.data() + m * blocks);
+                   r.sx.data() + m * blocks, r.qsum.data() + m * blocks, r.qsum16.data() + 2 * m * blocks);
   });
   return r;
 }
 
 // The packed weight: cells [column blocks][k blocks][cell bytes], each cell 16 columns × 32 k: the quants (512
 // bytes Q8, 256 Q4), then 16 fp16 scales d (none under w8a8), 16 fp16 mins (Q4Min), 16 int16 quant sums (Q8).
+// K-quants: a cell is 16 columns × 256 k, 8 sub-cells of 32 k (the Q4 quant layout for the low 4 bits, then 64
+// bytes of bit 4 (Q5K) or 128 bytes of bits 4-5 (Q6K), several steps to a byte: high_bits_at, then 16 uint8 scales
+// and 16 uint8 mins (Q6K: 2 × 16 int8 scales, one per 16-k half)), then the 16 columns' fp16 d (and dmin).
 // One stream of bytes per column block, in the order the kernel reads them. The cell size names the layout.
 struct Weights {
   const uint8_t* cells;
@@ -117,21 +126,45 @@ struct Weights {
   const float* scale;     // w8a8: per column, padded; else null
   const float* bias;      // padded, or null
   int64_t kblocks, out_features;
+  int64_t per_shift;      // log2 of the 32-k blocks per cell: 3 for K-quants (8), else 0 (shifts, not divisions:
+                          // these addresses are computed per block in the inner loops)
+  int64_t sub_bytes;      // bytes of one 32-k block in a cell
+  bool kquant() const { return kind >= kQ4K; }
   int64_t quant_bytes() const { return kind == kQ8 ? 512 : 256; }
-  const uint8_t* cell(int64_t block, int64_t b) const { return cells + (block * kblocks + b) * cell_bytes; }
+  int64_t plane_bytes() const { return kind == kQ5K ? 64 : kind == kQ6K ? 128 : 0; }
+  const uint8_t* whole(int64_t block, int64_t b) const {
+    return cells + (block * (kblocks >> per_shift) + (b >> per_shift)) * cell_bytes;
+  }
+  const uint8_t* cell(int64_t block, int64_t b) const {
+    return whole(block, b) + (b & ((int64_t{1} << per_shift) - 1)) * sub_bytes;
+  }
+  int64_t block_stride() const { return (kblocks >> per_shift) * cell_bytes; }  // to the next column block, same k
+  const uint16_t* kd(int64_t block, int64_t b) const {  // K-quants: the cell's 16 fp16 d, then 16 dmin
+    return reinterpret_cast<const uint16_t*>(whole(block, b) + (sub_bytes << per_shift));
+  }
+  const uint8_t* ksc(const uint8_t* sub) const { return sub + 256 + plane_bytes(); }  // then mins (Q4K, Q5K)
   const uint16_t* d(const uint8_t* cell) const { return reinterpret_cast<const uint16_t*>(cell + quant_bytes()); }
   const uint16_t* m(const uint8_t* cell) const { return reinterpret_cast<const uint16_t*>(cell + quant_bytes() + 32); }
   const int16_t* wsum(const uint8_t* cell) const { return reinterpret_cast<const int16_t*>(cell + cell_bytes - 32); }
 };
 
-// The layout a cell size stands for (model/quant_weight.py's CELL_BYTES): (kind, has d), or kind -1.
-std::pair<int64_t, bool> layout_of(int64_t cell_bytes) {
+struct Layout {
+  int64_t kind;  // -1: no layout has this cell size
+  bool has_d;
+  int64_t per_shift, sub_bytes;  // log2 of the 32-k blocks per cell; bytes of one
+};
+
+// The layout a cell size stands for (model/quant_weight.py's cell_layout, model/kquant.py's cell_bytes).
+Layout layout_of(int64_t cell_bytes) {
   switch (cell_bytes) {
-    case 576: return {kQ8, true};
-    case 544: return {kQ8, false};
-    case 288: return {kQ4, true};
-    case 320: return {kQ4Min, true};
-    default: return {-1, false};
+    case 576: return {kQ8, true, 0, 576};
+    case 544: return {kQ8, false, 0, 544};
+    case 288: return {kQ4, true, 0, 288};
+    case 320: return {kQ4Min, true, 0, 320};
+    case 2368: return {kQ4K, true, 3, 288};
+    case 2880: return {kQ5K, true, 3, 352};
+    case 3360: return {kQ6K, true, 3, 416};
+    default: return {-1, false, 0, 0};
   }
 }
 
@@ -140,7 +173,74 @@ struct Acts {
   int64_t k, kblocks;
 };
 
+#if KEV_QUANT_AVX2
+// The high quant bits of group g (steps 2g, 2g + 1) at bit 4: Q5K's bit 4 (a byte holds 8 steps of its position, step
+// s at bit s) or Q6K's bits 4-5 (4 steps a byte, step s at bits 2s; steps 4..7 in the next 64 bytes), model/kquant.py's
+// _high_bits. 16-bit shifts are exact here: a byte's bits reach bit 4 (and 5) from its own byte.
+inline const uint8_t* high_bits_at(const uint8_t* sub, int g, bool six) {
+  return sub + 256 + (six ? (g / 2) * 64 : 0);
+}
+inline int high_bit(int g, bool six) { return six ? 4 * (g % 2) : 2 * g; }  // where step 2g's bits start
+
+inline __m512i to_bit4(__m512i v, int bit, bool six) {
+  const __m512i moved = bit <= 4 ? _mm512_sll_epi16(v, _mm_cvtsi32_si128(4 - bit))
+                                 : _mm512_srl_epi16(v, _mm_cvtsi32_si128(bit - 4));
+  return _mm512_and_si512(moved, _mm512_set1_epi8(six ? 0x30 : 0x10));
+}
+inline __m256i to_bit4(__m256i v, int bit, bool six) {
+  const __m256i moved = bit <= 4 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - bit))
+                                 : _mm256_srl_epi16(v, _mm_cvtsi32_si128(bit - 4));
+  return _mm256_and_si256(moved, _mm256_set1_epi8(six ? 0x30 : 0x10));
+}
+#endif
+
 #if KEV_QUANT_AVX512
+// Q6K: one 16-k half's exact integer sum times its int8 scale, sc·(isum - 32·qsum16), into `into` (may be isum).
+template <int MR, int NB>
+inline void half512(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, int64_t b, int h,
+                    __m512i (&isum)[MR][NB], __m512i (&into)[MR][NB]) {
+  const int64_t kblocks = w.kblocks;
+  for (int j = 0; j < NB; ++j) {
+    const uint8_t* sc = w.ksc(w.cell(block0 + j, b)) + 16 * h;
+    const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    for (int r = 0; r < MR; ++r) {
+      const __m512i c = _mm512_set1_epi32(32 * rq.qsum16[(row0 + r) * 2 * kblocks + 2 * b + h]);
+      into[r][j] = _mm512_mullo_epi32(_mm512_sub_epi32(isum[r][j], c), scale);
+    }
+  }
+}
+
+// K-quants' fp32 steps for block b (model/kquant.py): Q4K / Q5K acc += ((float(isum)·D) - (float(qsum)·M))·dx with
+// D = d·sc and M = dmin·m exact; Q6K acc += (float(I)·d)·dx.
+template <int MR, int NB>
+inline void ksteps512(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, int64_t b,
+                      __m512i (&isum)[MR][NB], __m512 (&acc)[MR][NB]) {
+  const int64_t kblocks = w.kblocks;
+  for (int j = 0; j < NB; ++j) {
+    const uint16_t* dd = w.kd(block0 + j, b);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dd)));
+    if (w.kind == kQ6K) {
+      for (int r = 0; r < MR; ++r) {
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][j]), d);
+        acc[r][j] = _mm512_add_ps(acc[r][j], _mm512_mul_ps(f, _mm512_set1_ps(rq.dx[(row0 + r) * kblocks + b])));
+      }
+      continue;
+    }
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dd + 16)));
+    const uint8_t* sc = w.ksc(w.cell(block0 + j, b));
+    const auto widen = [](const uint8_t* p) {
+      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    };
+    const __m512 dsc = _mm512_mul_ps(widen(sc), d), mmin = _mm512_mul_ps(widen(sc + 16), dmin);
+    for (int r = 0; r < MR; ++r) {
+      const int64_t at = (row0 + r) * kblocks + b;
+      const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(static_cast<float>(rq.qsum[at])), mmin);
+      const __m512 f = _mm512_sub_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][j]), dsc), sums);
+      acc[r][j] = _mm512_add_ps(acc[r][j], _mm512_mul_ps(f, _mm512_set1_ps(rq.dx[at])));
+    }
+  }
+}
+
 // Register tile: MR rows × NB column blocks, every k block in order. Within a k block all MR × NB integer sums are
 // independent chains (integer addition is exact, so how the 8 steps are chained cannot change a sum); the fp32
 // steps then run per element in the fixed order described above.
@@ -156,7 +256,8 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
     for (int r = 0; r < MR; ++r)
       for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_setzero_si512();
     const uint8_t* qs = w.cell(block0, b);
-    const int64_t stride = a.kblocks * w.cell_bytes;  // to the next column block's cell of this k block
+    const int64_t stride = w.block_stride();  // to the next column block's cell of this k block
+    __m512i half0[MR][NB];  // Q6K: the first 16-k half's scaled sum
     if (w.kind == kQ8) {  // (q + 128) · w, then - 128 · sum w
       for (int s = 0; s < 8; ++s) {
         __m512i xs[MR];
@@ -177,6 +278,11 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
       }
     } else {  // q (0..15, unsigned side) · x
       for (int g = 0; g < 4; ++g) {
+        if (w.kind == kQ6K && g == 2) {
+          half512<MR, NB>(w, rq, row0, block0, b, 0, isum, half0);
+          for (int r = 0; r < MR; ++r)
+            for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_setzero_si512();
+        }
         int32_t x0[MR], x1[MR];
         for (int r = 0; r < MR; ++r) {
           const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
@@ -184,8 +290,15 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
         }
         for (int j = 0; j < NB; ++j) {
           const __m512i raw = _mm512_loadu_si512(qs + j * stride + g * 64);
-          const __m512i lo = _mm512_and_si512(raw, low4);
-          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+          __m512i lo = _mm512_and_si512(raw, low4);
+          __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+          if (w.plane_bytes()) {
+            const bool six = w.kind == kQ6K;
+            const __m512i v = _mm512_loadu_si512(high_bits_at(qs + j * stride, g, six));
+            const int bit = high_bit(g, six);
+            lo = _mm512_or_si512(lo, to_bit4(v, bit, six));
+            hi = _mm512_or_si512(hi, to_bit4(v, bit + (six ? 2 : 1), six));
+          }
           for (int r = 0; r < MR; ++r) {
             isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], lo, _mm512_set1_epi32(x0[r]));
             isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], hi, _mm512_set1_epi32(x1[r]));
@@ -197,6 +310,15 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
           const __m512i c = _mm512_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8);
           for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_sub_epi32(isum[r][j], c);
         }
+      if (w.kind == kQ6K) {
+        half512<MR, NB>(w, rq, row0, block0, b, 1, isum, isum);
+        for (int r = 0; r < MR; ++r)
+          for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_add_epi32(isum[r][j], half0[r][j]);
+      }
+    }
+    if (w.kquant()) {
+      ksteps512<MR, NB>(w, rq, row0, block0, b, isum, acc);
+      continue;
     }
     for (int j = 0; j < NB; ++j) {
       const uint8_t* cell = w.cell(block0 + j, b);
@@ -240,6 +362,44 @@ inline __m256i dot4(__m256i acc, __m256i u8, __m256i s8) {
 #endif
 }
 
+// K-quants on one 8-column half (at: 0 or 8) of a sub-cell: Q6K's scaled half sums, then the fp32 steps as ksteps512.
+template <int MR, int NJ>
+inline void ksteps256(const Weights& w, const RowsQ& rq, int64_t row0, const uint8_t* cell, const uint16_t* dd,
+                      int64_t at, int64_t b, const __m256i (&isum)[MR], __m256 (&acc)[MR][NJ], int j) {
+  const int64_t kblocks = w.kblocks;
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dd + at)));
+  const uint8_t* sc = w.ksc(cell) + at;
+  const auto load8 = [](const uint8_t* p) { return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)); };
+  if (w.kind == kQ6K) {
+    for (int r = 0; r < MR; ++r) {
+      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r]), d);
+      acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[(row0 + r) * kblocks + b])));
+    }
+    return;
+  }
+  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dd + 16 + at)));
+  const __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load8(sc))), d);
+  const __m256 mmin = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load8(sc + 16))), dmin);
+  for (int r = 0; r < MR; ++r) {
+    const int64_t i = (row0 + r) * kblocks + b;
+    const __m256 sums = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(rq.qsum[i])), mmin);
+    const __m256 f = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum[r]), dsc), sums);
+    acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[i])));
+  }
+}
+
+// Q6K on one 8-column half: sc·(isum - 32·qsum16) of 16-k half h.
+template <int MR>
+inline void half256(const Weights& w, const RowsQ& rq, int64_t row0, const uint8_t* cell, int64_t at, int64_t b,
+                    int h, const __m256i (&isum)[MR], __m256i (&into)[MR]) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.ksc(cell) + 16 * h + at));
+  const __m256i scale = _mm256_cvtepi8_epi32(raw);
+  for (int r = 0; r < MR; ++r) {
+    const __m256i c = _mm256_set1_epi32(32 * rq.qsum16[(row0 + r) * 2 * w.kblocks + 2 * b + h]);
+    into[r] = _mm256_mullo_epi32(_mm256_sub_epi32(isum[r], c), scale);
+  }
+}
+
 // The same tile on 256 bits: each 16-column block is two halves of 8 columns, each half the same sums.
 template <int NB, int MR>
 void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
@@ -265,10 +425,23 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
           }
         }
       } else {
+        __m256i half0[MR];
         for (int g = 0; g < 4; ++g) {
+          if (w.kind == kQ6K && g == 2) {
+            half256<MR>(w, rq, row0, cell, (j % 2) * 8, b, 0, isum, half0);
+            for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
+          }
           const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + g * 64));
-          const __m256i lo = _mm256_and_si256(raw, low4);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+          __m256i lo = _mm256_and_si256(raw, low4);
+          __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+          if (w.plane_bytes()) {  // this half's 32 positions of the 64
+            const bool six = w.kind == kQ6K;
+            const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high_bits_at(cell, g, six) +
+                                                                                   (j % 2) * 32));
+            const int bit = high_bit(g, six);
+            lo = _mm256_or_si256(lo, to_bit4(v, bit, six));
+            hi = _mm256_or_si256(hi, to_bit4(v, bit + (six ? 2 : 1), six));
+          }
           for (int r = 0; r < MR; ++r) {
             int32_t x0, x1;
             const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
@@ -280,8 +453,16 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
         if (w.kind == kQ4)
           for (int r = 0; r < MR; ++r)
             isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8));
+        if (w.kind == kQ6K) {
+          half256<MR>(w, rq, row0, cell, (j % 2) * 8, b, 1, isum, isum);
+          for (int r = 0; r < MR; ++r) isum[r] = _mm256_add_epi32(isum[r], half0[r]);
+        }
       }
       const int64_t at = (j % 2) * 8;
+      if (w.kquant()) {
+        ksteps256<MR, 2 * NB>(w, rq, row0, cell, w.kd(block0 + j / 2, b), at, b, isum, acc, j);
+        continue;
+      }
       const __m256 dw = w.has_d ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d(cell) + at)))
                                 : _mm256_setzero_ps();
       for (int r = 0; r < MR; ++r) {
@@ -356,11 +537,15 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % kBlockK == 0,
               "kev::quant_linear: x must be a contiguous [rows, K] matrix with K a multiple of 32");
   const int64_t kblocks = x.size(1) / kBlockK;
-  TORCH_CHECK(cells.is_contiguous() && cells.scalar_type() == at::kByte && cells.dim() == 3 &&
-                  cells.size(1) == kblocks && cells.size(0) * kCols >= out_features,
-              "kev::quant_linear: packed cells must be uint8 [column blocks, K/32, cell bytes]");
-  const auto [kind, has_d] = layout_of(cells.size(2));
+  TORCH_CHECK(cells.scalar_type() == at::kByte && cells.dim() == 3, "kev::quant_linear: cells must be uint8 3-d");
+  const Layout layout = layout_of(cells.size(2));
+  const int64_t kind = layout.kind;
+  const bool has_d = layout.has_d;
   TORCH_CHECK(kind >= 0, "kev::quant_linear: no layout has ", cells.size(2), "-byte cells");
+  const int64_t per_cell = int64_t{1} << layout.per_shift;
+  TORCH_CHECK(cells.is_contiguous() && kblocks % per_cell == 0 && cells.size(1) == kblocks / per_cell &&
+                  cells.size(0) * kCols >= out_features,
+              "kev::quant_linear: packed cells must be uint8 [column blocks, K/32 (K-quants: K/256), cell bytes]");
   const auto ptr = [](const c10::optional<at::Tensor>& t) -> const float* {
     return t && t->defined() ? t->data_ptr<float>() : nullptr;
   };
@@ -368,7 +553,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   const Path chosen = path == kAuto ? best_path() : static_cast<Path>(path);
   TORCH_CHECK(pick_tile(chosen, 1, 1) != nullptr, "kev::quant_linear: path ", path, " is not built on this CPU");
   const Weights w{cells.data_ptr<uint8_t>(), cells.size(2), static_cast<Kind>(kind), has_d, ptr(scale), ptr(bias),
-                  kblocks, out_features};
+                  kblocks, out_features, layout.per_shift, layout.sub_bytes};
   const int64_t rows = x.size(0), blocks = (out_features + kCols - 1) / kCols;
   auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
   if (rows == 0) return out;
@@ -376,9 +561,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   const Acts a{&rq, x.size(1), kblocks};
   float* op = out.data_ptr<float>();
   // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
-  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (w.cell_bytes * kblocks * (1 + rows / 4)));
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (w.block_stride() * (1 + rows / 4)));
   // Tile shape: accumulators and integer sums of MR × NB blocks must fit the registers (AVX2 halves count twice).
-  const int wide = chosen == kAvx2 ? (rows == 1 ? 4 : 2) : rows == 1 ? 8 : rows == 2 ? 4 : 3;
+  // Q6K keeps a second integer sum per tile element (its first 16-k half).
+  const int wide = chosen == kAvx2 ? (rows == 1 ? 4 : 2) : rows == 1 ? 8 : rows == 2 ? 4 : w.kind == kQ6K ? 2 : 3;
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end;) {
       const int nb = static_cast<int>(std::min<int64_t>(wide, end - block));

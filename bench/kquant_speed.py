@@ -1,0 +1,76 @@
+"""One linear layer of the Llama-1B shape (2048 -> 8192, and 8192 -> 2048) on Kev's quantized-activation kernel:
+Q4_K / Q5_K / Q6_K super-blocks beside Q4_0 and Q8_0 blocks, at M = 1 and M = 64, 2 threads. Each type's calls
+rotate over 6 copies of the weight (more than the last-level cache), so M = 1 streams its bytes from memory; the
+types take turns call by call, and the fastest and the median call are reported (a shared machine's load only adds). Random blocks (kev/bench/random_gguf.py's random_blocks) read back through a one-tensor GGUF as the engine reads them.
+Reproduce: `flock /tmp/kev-bench.lock .venv/bin/python bench/kquant_speed.py`."""
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+
+from kev.bench.random_gguf import random_blocks
+from kev.model.gguf_weights import read_blocks
+from kev.model.kernels import load_cpu_kernels
+from kev.model.model_store import cache_root
+from kev.model.quant_weight import QuantWeight, active_path
+
+TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+SHAPES = [(2048, 8192), (8192, 2048)]  # (in, out)
+
+
+def weight(folder: Path, name: str, k: int, n: int) -> QuantWeight:
+    qtype = GGMLQuantizationType[name]
+    path = folder / f"{name}-{k}-{n}.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", random_blocks(qtype, n, k, np.random.default_rng(0)), raw_dtype=qtype)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+    writer.close()
+    held = read_blocks(GGUFReader(path).tensors[0])
+    assert held is not None
+    return held.to_weight()
+
+
+def timings(ws: dict[str, list[QuantWeight]], x: torch.Tensor, rounds: int) -> dict[str, list[float]]:
+    """ms per call, the types interleaved call by call so that the machine's load hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in ws}
+    for copies in ws.values():
+        copies[0](x)
+    for i in range(rounds):
+        for name, copies in ws.items():
+            start = time.perf_counter()
+            copies[i % len(copies)](x)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    assert load_cpu_kernels(cache_root())
+    cpu = next(line for line in open("/proc/cpuinfo") if line.startswith("model name")).split(":")[1].strip()
+    print(f"# {cpu}, {platform.machine()}, kernel path {active_path()}, load average {os.getloadavg()}")
+    print("| type | shape (in→out) | bytes | M=1 ms (min / median) | M=64 ms (min / median) | M=1 GB/s (min) |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        for k, n in SHAPES:
+            ws = {}
+            for name in TYPES:
+                w = weight(Path(folder), name, k, n)
+                ws[name] = [w] + [QuantWeight(w.cells.clone(), None, None, w.kind, n, k, name) for _ in range(5)]
+            one = timings(ws, torch.randn(1, k).bfloat16(), 300)
+            many = timings(ws, torch.randn(64, k).bfloat16(), 30)
+            for name, copies in ws.items():
+                size = copies[0].nbytes()
+                print(f"| {name} | {k}→{n} | {size / 1e6:.1f} MB | {min(one[name]):.3f} / {np.median(one[name]):.3f} | "
+                      f"{min(many[name]):.2f} / {np.median(many[name]):.2f} | {size / min(one[name]) / 1e6:.1f} |")
+    print(f"# load average at the end {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
