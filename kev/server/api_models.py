@@ -5,7 +5,8 @@ the isolation cap) is checked in limits.py and by the engine.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from functools import cache
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -35,9 +36,40 @@ StopText = Annotated[Text, Field(min_length=1)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=16)] | None
 
 
+def whole_numbers(model: type[BaseModel], data: Any) -> Any:
+    """JSON has one kind of number, and JSON Schema's `integer` is any number whose fraction is zero: 2.0 is the
+    integer 2 (OpenAI's and vLLM's servers take it too). Strict validation would refuse it, so the integer fields
+    (and lists of them) get such numbers as ints first; 2.5, "2" and true stay refused. Only fields typed int:
+    a float field takes an int as it is, and free JSON (a schema, tool arguments) is left exactly as written."""
+    if not isinstance(data, dict):
+        return data
+    keys = _integer_keys(model)
+    return {key: _as_int(value) if key in keys else value for key, value in data.items()}
+
+
+@cache
+def _integer_keys(model: type[BaseModel]) -> frozenset[str]:
+    return frozenset(field.alias or name for name, field in model.model_fields.items() if _holds_int(field.annotation))
+
+
+def _holds_int(annotation: Any) -> bool:
+    return annotation is int or any(_holds_int(arg) for arg in get_args(annotation))
+
+
+def _as_int(value: Any) -> Any:
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return [_as_int(item) for item in value] if isinstance(value, list) else value
+
+
 class _Body(BaseModel):
     # strict: "8" is not a number and 1 is not a boolean; a wrong type is the caller's error, not ours to guess.
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # NaN: "a finite number"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        return whole_numbers(cls, data)
 
 
 class StructuredOutputs(_Body):

@@ -138,7 +138,10 @@ def _leaf_routes(routes: list[Any]) -> Iterator[Any]:
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the errors a route can answer (all share ErrorResponse)."""
-    described = {400: "malformed JSON or invalid UTF-8", 401: "missing or wrong API key",
+    # 422 is a request the schema refuses; 400 one it accepts whose content cannot be served as asked.
+    described = {400: "malformed JSON or invalid UTF-8, or content that cannot be served as asked: a grammar, regex or "
+                      "JSON schema that does not compile or leads nowhere, a prompt longer than the context, tools "
+                      "that do not resolve", 401: "missing or wrong API key",
                  404: "unknown request or model", 413: "over a size limit (body, questions, characters)",
                  422: "a field is invalid; `field` names it", 429: "over capacity; retry after Retry-After seconds",
                  503: "model loading, shutting down or wait timeout"}

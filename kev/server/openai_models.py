@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kev.server.api_models import MAX_SEED, Stop, StructuredOutputs, Temperature, Text
+from kev.server.api_models import MAX_SEED, Stop, StructuredOutputs, Temperature, Text, whole_numbers
 from kev.server.errors import ApiError
 from kev.server.tools.schema import ToolCallIn, ToolCallOut, ToolChoice, ToolDef
 
@@ -26,6 +26,11 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 
 class _OpenAIBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        return whole_numbers(cls, data)  # 2.0 is the integer 2, as JSON Schema says
 
 
 class TextPart(_OpenAIBody):
@@ -112,9 +117,9 @@ class _Sampling(_OpenAIBody):
             if name in extra and extra[name] not in allowed:
                 raise ApiError(422, f"{name}: not supported by Kev (refused rather than ignored)", name)
         if self.best_of is not None and self.best_of < self.n:
-            raise ApiError(422, f"best_of: must be at least n ({self.n}), got {self.best_of}", "best_of")
+            raise ApiError(400, f"best_of: must be at least n ({self.n}), got {self.best_of}", "best_of")
         if self.num_candidates > self.n and self.stream:
-            raise ApiError(422, "best_of: not supported together with stream (as OpenAI)", "best_of")
+            raise ApiError(400, "best_of: not supported together with stream (as OpenAI)", "best_of")
 
     @property
     def num_candidates(self) -> int:
