@@ -62,8 +62,8 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     """('body', 'queries', 0, 'as_object', 'text') -> 'queries[0].text'."""
     parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
     path = ""
-    for part in parts:
-        if isinstance(part, str) and (part in UNION_TAGS or not part.isidentifier()):
+    for i, part in enumerate(parts):  # the first is a field's own name (a form's "expires_after[seconds]" too)
+        if i > 0 and isinstance(part, str) and (part in UNION_TAGS or not part.isidentifier()):
             continue
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path or "body"
