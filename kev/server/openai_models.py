@@ -24,6 +24,13 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prediction": (None,), "guided_whitespace_pattern": (None,), "guided_decoding_backend": (None,),
 }
 
+def _same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON values: true is not 1 (Python says it is), 1 is 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
 class _OpenAIBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
@@ -114,7 +121,7 @@ class _Sampling(_OpenAIBody):
     def check_supported(self) -> None:
         extra = self.model_extra or {}
         for name, allowed in UNSUPPORTED.items():
-            if name in extra and extra[name] not in allowed:
+            if name in extra and not any(_same_json(extra[name], value) for value in allowed):
                 raise ApiError(422, f"{name}: not supported by Kev (refused rather than ignored)", name)
         if self.best_of is not None and self.best_of < self.n:
             raise ApiError(400, f"best_of: must be at least n ({self.n}), got {self.best_of}", "best_of")

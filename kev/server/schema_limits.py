@@ -18,6 +18,7 @@ from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
 from kev.server.api_models import MAX_SEED, MIN_TEMPERATURE
 from kev.server.limits import Limits
+from kev.server.openai_models import UNSUPPORTED
 
 _TEXT_FIELDS = ("text", "prompt", "system", "content")
 
@@ -89,6 +90,10 @@ def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str, voc
             body["allOf"] = [*body.get("allOf", []), _HAS_CONTENT]
         if vocab is not None:
             _bound_token_ids(name, body, vocab)
+        if name in ("ChatCompletionBody", "CompletionBody"):  # refused by name unless at their no-op value
+            for field, allowed in UNSUPPORTED.items():
+                body["properties"].setdefault(field, {"enum": list(allowed),
+                                                      "description": "not supported by Kev: only this no-op value"})
         if name == "StructuredOutputs":  # exactly one kind of constraint (its keys are the five kinds)
             body["minProperties"] = body["maxProperties"] = 1
         if name in _ONE_OF:  # one of them set (not null), the other absent or null
