@@ -31,8 +31,9 @@ def _temperature(value: float | None) -> float | None:
 
 
 Text = Annotated[str, AfterValidator(_encodable)]
+NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_encodable)]  # "at least 1 character"
 Temperature = Annotated[float | None, Field(ge=0, le=100), AfterValidator(_temperature)]
-StopText = Annotated[Text, Field(min_length=1)]
+StopText = NonEmptyText
 Stop = StopText | Annotated[list[StopText], Field(max_length=16)] | None
 
 
@@ -77,9 +78,9 @@ class StructuredOutputs(_Body):
 
     json_: dict[str, Any] | Text | None = Field(None, alias="json", description="a JSON schema")
     json_object: Literal[True] | None = Field(None, description="any JSON object")
-    regex: Text | None = None
-    choice: Annotated[list[Annotated[Text, Field(min_length=1)]], Field(min_length=1)] | None = None
-    grammar: Text | None = Field(None, description="Lark (or GBNF) grammar")
+    regex: NonEmptyText | None = None
+    choice: Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
+    grammar: NonEmptyText | None = Field(None, description="Lark (or GBNF) grammar")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:

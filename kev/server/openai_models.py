@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kev.server.api_models import MAX_SEED, Stop, StructuredOutputs, Temperature, Text, whole_numbers
+from kev.server.api_models import MAX_SEED, NonEmptyText, Stop, StructuredOutputs, Temperature, Text, whole_numbers
 from kev.server.errors import ApiError
 from kev.server.tools.schema import ToolCallIn, ToolCallOut, ToolChoice, ToolDef
 
@@ -114,9 +114,9 @@ class _Sampling(_OpenAIBody):
     structured_outputs: StructuredOutputs | None = Field(
         None, description="vLLM's: one of json, json_object, regex, choice, grammar")
     guided_json: dict[str, Any] | Text | None = None
-    guided_regex: Text | None = None
-    guided_choice: Annotated[list[Text], Field(min_length=1)] | None = None
-    guided_grammar: Text | None = None
+    guided_regex: NonEmptyText | None = None
+    guided_choice: Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
+    guided_grammar: NonEmptyText | None = None
 
     def check_supported(self) -> None:
         extra = self.model_extra or {}

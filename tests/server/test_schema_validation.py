@@ -97,3 +97,11 @@ def _validator(schema: dict[str, Any], name: str) -> jsonschema.Draft202012Valid
     """A component as a root schema, its $refs pointing into $defs."""
     text = json.dumps({"$defs": schema["components"]["schemas"], "$ref": f"#/$defs/{name}"})
     return jsonschema.Draft202012Validator(json.loads(text.replace("#/components/schemas/", "#/$defs/")))
+
+
+@pytest.mark.parametrize("body", [{"stop": ""}, {"stop": ["a", ""]}, {"structured_outputs": {"regex": ""}},
+                                  {"structured_outputs": {"choice": ["a", ""]}}])
+def test_an_empty_string_where_text_is_needed_is_told_so(body: dict[str, Any]) -> None:
+    """The rule broken, not pydantic's "at least 1 item after validation"."""
+    with pytest.raises(ValidationError, match="String should have at least 1 character"):
+        QueryBody.model_validate({"queries": ["x"], **body})
