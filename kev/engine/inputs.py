@@ -148,7 +148,8 @@ def _logit_bias(value: Any, where: str) -> tuple[tuple[int, float], ...]:
         raise QuestionError(f"{where}: must be an object mapping token ids to biases")
     pairs = []
     for key, bias in value.items():
-        token = int(key) if isinstance(key, str) and key.isdigit() else key
+        # ASCII digits only: str.isdigit() also takes '²', which int() then refuses (a 500, found by schemathesis)
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise QuestionError(f"{where}: key {key!r} is not a token id")
         pairs.append((token, _number(bias, f"{where}[{key!r}]", -100.0, 100.0)))

@@ -5,7 +5,8 @@ the isolation cap) is checked in limits.py and by the engine.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from functools import cache
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -32,14 +33,46 @@ def _temperature(value: float | None) -> float | None:
 
 
 Text = Annotated[str, AfterValidator(_encodable)]
+NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_encodable)]  # "at least 1 character"
 Temperature = Annotated[float | None, Field(ge=0, le=100), AfterValidator(_temperature)]
-StopText = Annotated[Text, Field(min_length=1)]
+StopText = NonEmptyText
 Stop = StopText | Annotated[list[StopText], Field(max_length=16)] | None
+
+
+def whole_numbers(model: type[BaseModel], data: Any) -> Any:
+    """JSON has one kind of number, and JSON Schema's `integer` is any number whose fraction is zero: 2.0 is the
+    integer 2 (OpenAI's and vLLM's servers take it too). Strict validation would refuse it, so the integer fields
+    (and lists of them) get such numbers as ints first; 2.5, "2" and true stay refused. Only fields typed int:
+    a float field takes an int as it is, and free JSON (a schema, tool arguments) is left exactly as written."""
+    if not isinstance(data, dict):
+        return data
+    keys = _integer_keys(model)
+    return {key: _as_int(value) if key in keys else value for key, value in data.items()}
+
+
+@cache
+def _integer_keys(model: type[BaseModel]) -> frozenset[str]:
+    return frozenset(field.alias or name for name, field in model.model_fields.items() if _holds_int(field.annotation))
+
+
+def _holds_int(annotation: Any) -> bool:
+    return annotation is int or any(_holds_int(arg) for arg in get_args(annotation))
+
+
+def _as_int(value: Any) -> Any:
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return [_as_int(item) for item in value] if isinstance(value, list) else value
 
 
 class _Body(BaseModel):
     # strict: "8" is not a number and 1 is not a boolean; a wrong type is the caller's error, not ours to guess.
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)  # NaN: "a finite number"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        return whole_numbers(cls, data)
 
 
 class StructuredOutputs(_Body):
@@ -47,9 +80,9 @@ class StructuredOutputs(_Body):
 
     json_: dict[str, Any] | Text | None = Field(None, alias="json", description="a JSON schema")
     json_object: Literal[True] | None = Field(None, description="any JSON object")
-    regex: Text | None = None
-    choice: Annotated[list[Annotated[Text, Field(min_length=1)]], Field(min_length=1)] | None = None
-    grammar: Text | None = Field(None, description="Lark (or GBNF) grammar")
+    regex: NonEmptyText | None = None
+    choice: Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
+    grammar: NonEmptyText | None = Field(None, description="Lark (or GBNF) grammar")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputs:

@@ -22,15 +22,15 @@ from kev.config import KevConfig
 from kev.batch.server_batches import BatchManager
 from kev.batch.store import BatchStore
 from kev.errors import EngineFailedError, KevError
+from kev.model.tokenizer import Tokenizer
 from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_tokenizer
 from kev.server.backend import EngineFactory, build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
 from kev.server.oplog import report_stats
-from kev.server.limits import Limits
 from kev.server.playground import routes as playground
-from kev.server.schema_limits import apply_limits
+from kev.server.schema_limits import Vocab, apply_limits, served_vocab
 from kev.server.service import KevService, served_model_name
 from kev.server.tenants import Tenants
 
@@ -72,7 +72,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_batch.router,
                    routes_ops.router, playground.router):
         app.include_router(router)
-    _document_served_model(app, service.model_name, service.limits, config.isolation.level)
+    _document_served_model(app, service, config.isolation.level)
     # An uploaded file may be as large as batch.max_file_bytes; the route checks its exact size.
     app.add_middleware(GateMiddleware, tenants=tenants,
                        max_body_bytes=config.server.max_body_bytes, body_timeout_s=config.server.body_timeout_s,
@@ -81,20 +81,35 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     return app
 
 
-def _document_served_model(app: FastAPI, model_name: str, limits: Limits, isolation_cap: str) -> None:
+def _document_served_model(app: FastAPI, service: KevService, isolation_cap: str) -> None:
     """The OpenAI routes accept one model name; say which in the schema (FastAPI's documented override), with
-    the server's limits (schema_limits)."""
+    the server's limits (schema_limits). Once the model has loaded, the schema is made once more with its
+    vocabulary (the token ids the OpenAI routes and /detokenize take)."""
     generate = app.openapi
+    with_vocab = False
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
+        nonlocal with_vocab
+        loaded = service.backend
+        if app.openapi_schema is None or (loaded is not None and not with_vocab):
+            vocab = None if loaded is None else _vocab(service.config, loaded.tokenizer)
+            with_vocab = loaded is not None
+            app.openapi_schema = None
             schemas = generate()["components"]["schemas"]
             for body in ("ChatCompletionBody", "CompletionBody"):
-                schemas[body]["properties"]["model"]["enum"] = [model_name]
-            apply_limits(app.openapi_schema, limits, isolation_cap)  # type: ignore[arg-type]  # generate() has filled it
+                schemas[body]["properties"]["model"]["enum"] = [service.model_name]
+            apply_limits(app.openapi_schema, service.limits, isolation_cap, vocab)  # type: ignore[arg-type]  # generate() has filled it
         return app.openapi_schema  # type: ignore[return-value]  # generate() above has filled it
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to adjust the schema
+
+
+def _vocab(config: KevConfig, tokenizer: Tokenizer) -> Vocab | None:
+    try:
+        return served_vocab(config.core.model_path, tokenizer)
+    except (KevError, OSError, ValueError) as err:  # a test's engine without a model folder: ids stay unbounded
+        log.warning("the OpenAPI schema leaves token ids unbounded: %s", err)
+        return None
 
 
 async def _stop_on_failure(service: KevService, on_failed: Callable[[Exception], None] | None) -> None:

@@ -62,8 +62,8 @@ def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     """('body', 'queries', 0, 'as_object', 'text') -> 'queries[0].text'."""
     parts = list(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
     path = ""
-    for part in parts:
-        if isinstance(part, str) and (part in UNION_TAGS or not part.isidentifier()):
+    for i, part in enumerate(parts):  # the first is a field's own name (a form's "expires_after[seconds]" too)
+        if i > 0 and isinstance(part, str) and (part in UNION_TAGS or not part.isidentifier()):
             continue
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path or "body"
@@ -138,7 +138,10 @@ def _leaf_routes(routes: list[Any]) -> Iterator[Any]:
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the errors a route can answer (all share ErrorResponse)."""
-    described = {400: "malformed JSON or invalid UTF-8", 401: "missing or wrong API key",
+    # 422 is a request the schema refuses; 400 one it accepts whose content cannot be served as asked.
+    described = {400: "malformed JSON or invalid UTF-8, or content that cannot be served as asked: a grammar, regex or "
+                      "JSON schema that does not compile or leads nowhere, a prompt longer than the context, tools "
+                      "that do not resolve", 401: "missing or wrong API key",
                  404: "unknown request or model", 413: "over a size limit (body, questions, characters)",
                  422: "a field is invalid; `field` names it", 429: "over capacity; retry after Retry-After seconds",
                  503: "model loading, shutting down or wait timeout"}

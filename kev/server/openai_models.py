@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kev.engine.sampling_params import SamplingParams
-from kev.server.api_models import MAX_SEED, Stop, StructuredOutputs, Temperature, Text
+from kev.server.api_models import MAX_SEED, NonEmptyText, Stop, StructuredOutputs, Temperature, Text, whole_numbers
 from kev.server.errors import ApiError
 from kev.server.tools.schema import ToolCallIn, ToolCallOut, ToolChoice, ToolDef
 
@@ -25,8 +25,20 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "prediction": (None,), "guided_whitespace_pattern": (None,), "guided_decoding_backend": (None,),
 }
 
+def _same_json(a: Any, b: Any) -> bool:
+    """Equal as JSON values: true is not 1 (Python says it is), 1 is 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
 class _OpenAIBody(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_numbers(cls, data: Any) -> Any:
+        return whole_numbers(cls, data)  # 2.0 is the integer 2, as JSON Schema says
 
 
 class TextPart(_OpenAIBody):
@@ -103,19 +115,19 @@ class _Sampling(_OpenAIBody):
     structured_outputs: StructuredOutputs | None = Field(
         None, description="vLLM's: one of json, json_object, regex, choice, grammar")
     guided_json: dict[str, Any] | Text | None = None
-    guided_regex: Text | None = None
-    guided_choice: Annotated[list[Text], Field(min_length=1)] | None = None
-    guided_grammar: Text | None = None
+    guided_regex: NonEmptyText | None = None
+    guided_choice: Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
+    guided_grammar: NonEmptyText | None = None
 
     def check_supported(self) -> None:
         extra = self.model_extra or {}
         for name, allowed in UNSUPPORTED.items():
-            if name in extra and extra[name] not in allowed:
+            if name in extra and not any(_same_json(extra[name], value) for value in allowed):
                 raise ApiError(422, f"{name}: not supported by Kev (refused rather than ignored)", name)
         if self.best_of is not None and self.best_of < self.n:
-            raise ApiError(422, f"best_of: must be at least n ({self.n}), got {self.best_of}", "best_of")
+            raise ApiError(400, f"best_of: must be at least n ({self.n}), got {self.best_of}", "best_of")
         if self.num_candidates > self.n and self.stream:
-            raise ApiError(422, "best_of: not supported together with stream (as OpenAI)", "best_of")
+            raise ApiError(400, "best_of: not supported together with stream (as OpenAI)", "best_of")
 
     @property
     def num_candidates(self) -> int:

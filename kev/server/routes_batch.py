@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,9 +17,10 @@ from kev.batch.input_file import URLS
 from kev.batch.server_batches import BatchManager, public
 from kev.batch.store import QuotaError, public_file, safe_filename
 from kev.server.errors import ApiError, error_responses
+from kev.server.query_params import one_value_each
 from kev.server.tenants import Caller, caller_of
 
-router = APIRouter(tags=["batch"])
+router = APIRouter(tags=["batch"], dependencies=[Depends(one_value_each)])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 503)
 
 
@@ -38,22 +39,32 @@ class BatchBody(BaseModel):
 
 # --- files ----------------------------------------------------------------------------
 MIN_EXPIRY_S, MAX_EXPIRY_S = 3600, 2_592_000  # OpenAI's bounds on expires_after[seconds]
+_ANCHOR, _SECONDS = "expires_after[anchor]", "expires_after[seconds]"
+
+
+class FileForm(BaseModel):
+    """The multipart form of an upload (File(): multipart, as the upload needs); its schema says every rule."""
+
+    # expires_after comes whole or not at all: each of its two fields requires the other.
+    model_config = ConfigDict(json_schema_extra={"dependentRequired": {_ANCHOR: [_SECONDS], _SECONDS: [_ANCHOR]}})
+
+    file: UploadFile
+    purpose: Literal["batch"] = Field(description="only 'batch' is taken here")
+    # Absent, never null: a form field has no null.
+    anchor: Literal["created_at"] = Field(None, alias=_ANCHOR)  # type: ignore[arg-type]
+    seconds: int = Field(None, alias=_SECONDS, ge=MIN_EXPIRY_S, le=MAX_EXPIRY_S)  # type: ignore[assignment]
 
 
 @router.post("/v1/files", responses=_ERRORS, summary="Upload a batch input file (JSONL, purpose=batch)")
-async def create_file(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()],
-                      anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
-                      seconds: Annotated[int | None, Form(alias="expires_after[seconds]")] = None,
-                      batches: BatchManager = Depends(get_batches),
+async def create_file(form: Annotated[FileForm, File()], batches: BatchManager = Depends(get_batches),
                       caller: Caller = Depends(caller_of)) -> dict[str, Any]:
     """The upload was spooled to a temporary file as it arrived; here it is copied to the store off the loop."""
-    if purpose != "batch":
-        raise ApiError(422, f"purpose: {purpose!r} is not supported here (only 'batch')", "purpose")
     config = batches.service.config.batch
+    file = form.file
     try:
-        meta = await asyncio.to_thread(batches.store.add_file, file.file, file.filename or "upload.jsonl", purpose,
-                                       caller.tenant, config.max_file_bytes, config.tenant_quota_bytes,
-                                       _expiry(anchor, seconds, config.default_file_expiry_s))
+        meta = await asyncio.to_thread(batches.store.add_file, file.file, file.filename or "upload.jsonl",
+                                       form.purpose, caller.tenant, config.max_file_bytes, config.tenant_quota_bytes,
+                                       _expiry(form, config.default_file_expiry_s))
     except ValueError as err:
         raise ApiError(413, f"file: {err}", "file") from None
     except QuotaError as err:
@@ -61,17 +72,15 @@ async def create_file(file: Annotated[UploadFile, File()], purpose: Annotated[st
     return public_file(meta)
 
 
-def _expiry(anchor: str | None, seconds: int | None, default_s: int | None) -> int | None:
-    """OpenAI's expires_after: anchor created_at, 3600 .. 2592000 seconds; without it batch.default_file_expiry_s."""
-    if anchor is None and seconds is None:
+def _expiry(form: FileForm, default_s: int | None) -> int | None:
+    """OpenAI's expires_after (its values checked by FileForm); without it batch.default_file_expiry_s."""
+    if form.anchor is None and form.seconds is None:
         return default_s
-    if anchor != "created_at":
-        raise ApiError(422, f"expires_after[anchor]: {anchor!r} is not supported (only 'created_at')",
-                       "expires_after[anchor]")
-    if seconds is None or not MIN_EXPIRY_S <= seconds <= MAX_EXPIRY_S:
-        raise ApiError(422, f"expires_after[seconds]: {seconds!r} is not between {MIN_EXPIRY_S} and {MAX_EXPIRY_S}",
-                       "expires_after[seconds]")
-    return seconds
+    if form.seconds is None:
+        raise ApiError(422, f"{_SECONDS}: is required with {_ANCHOR}", _SECONDS)
+    if form.anchor is None:
+        raise ApiError(422, f"{_ANCHOR}: is required with {_SECONDS}", _ANCHOR)
+    return form.seconds
 
 
 @router.get("/v1/files", responses=error_responses(401), summary="The caller's files, newest first")

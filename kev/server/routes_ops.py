@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kev.server.api_models import ChannelModel, ChannelsResponse, Health, StatsResponse, StepModel
 from kev.server.errors import ApiError, error_responses
+from kev.server.query_params import one_value_each
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
 from kev.server.tenants import Caller, caller_of
@@ -82,7 +83,7 @@ def operator_only(request: Request) -> Caller:
 
 
 @router.get("/v1/stats", response_model=StatsResponse, responses=error_responses(401, 403, 422, 503),
-            dependencies=[Depends(operator_only)],
+            dependencies=[Depends(operator_only), Depends(one_value_each)],
             summary="The engine's own counters and its most recent steps (channels and tokens per forward, step time)")
 async def stats(since: float | None = Query(None, description="only steps that ended after this unix time"),
                 service: KevService = Depends(get_service)) -> StatsResponse:

@@ -3,15 +3,22 @@ can say them, so a request the schema accepts is one the server accepts (issue 2
 
 The request models hold the limits that never change; these depend on the config: questions per request,
 characters per question, the max_tokens cap, the timeout cap. What no keyword can say (a sum of
-characters over several messages, prompts x n) stays the server's own check.
+characters over several messages, prompts x n) stays the server's own check, a 413. Two pairs the schema could
+say only as one if/then per value, which schemathesis cannot generate from (best_of against n, logprobs with tools
+while streaming), are a 400: a combination Kev does not serve, as grammar that does not compile is.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kev.config.schema import ISOLATION_ORDER
+from kev.model.model_config import ModelConfig
+from kev.model.model_store import resolve_model_path
+from kev.model.tokenizer import Tokenizer
 from kev.server.api_models import MAX_SEED, MIN_TEMPERATURE
 from kev.server.limits import Limits
+from kev.server.openai_models import UNSUPPORTED
 
 _TEXT_FIELDS = ("text", "prompt", "system", "content")
 
@@ -28,10 +35,36 @@ _STRUCTURE_FIELDS = ("response_format", "structured_outputs", "guided_json", "gu
 _SPOKEN = {"type": "string", "pattern": "\\S"}
 _SOME_MESSAGE_SAYS_SOMETHING = {"properties": {"content": {"anyOf": [
     _SPOKEN, {"type": "array", "contains": {"properties": {"text": _SPOKEN}}}]}}}
+# An OpenAI message has content (not null) unless it is an assistant turn that made tool calls.
+_HAS_CONTENT = {"anyOf": [
+    {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+    {"required": ["role", "tool_calls"],
+     "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}}}]}
+_JSON_SCHEMA_FORMAT_HAS_SCHEMA = {
+    "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
+    "then": {"required": ["json_schema"], "properties": {"json_schema": {
+        "type": "object", "required": ["schema"], "properties": {"schema": {"type": "object"}}}}}}
+# What counts as setting a structured-output field: anything but null, and for response_format a type but "text".
+_SETS_STRUCTURE = {"response_format": {"type": "object", "required": ["type"],
+                                       "properties": {"type": {"not": {"const": "text"}}}}}
 
 
-def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str) -> None:
-    """Tighten the request bodies (never a response) of a generated OpenAPI schema, in place."""
+@dataclass(frozen=True)
+class Vocab:
+    """Token ids the served model takes (prompts, logit_bias keys) and the ids its tokenizer can decode."""
+
+    model: int
+    tokenizer: int
+
+
+def served_vocab(model_path: str, tokenizer: Tokenizer) -> Vocab:
+    """The engine checks ids against the model's embedding rows; /detokenize against what the tokenizer knows."""
+    return Vocab(ModelConfig.from_folder(resolve_model_path(model_path)).vocab_size, tokenizer.vocab_size)
+
+
+def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str, vocab: Vocab | None = None) -> None:
+    """Tighten the request bodies (never a response) of a generated OpenAPI schema, in place; token ids are bounded
+    once the model is known (vocab)."""
     schemas = schema["components"]["schemas"]
     levels = [level for level, rank in ISOLATION_ORDER.items() if rank <= ISOLATION_ORDER[isolation_cap]]
     for name in _request_components(schema):
@@ -51,6 +84,16 @@ def apply_limits(schema: dict[str, Any], limits: Limits, isolation_cap: str) -> 
             _bound_completion_prompt(body["properties"]["prompt"], limits)
         if name == "ChatCompletionBody":  # the Kev API answers a blank chat with that question's error result
             body["properties"]["messages"]["contains"] = _SOME_MESSAGE_SAYS_SOMETHING
+        if name == "ResponseFormat":  # type json_schema carries its schema
+            body["allOf"] = [*body.get("allOf", []), _JSON_SCHEMA_FORMAT_HAS_SCHEMA]
+        if name == "OpenAIMessage":
+            body["allOf"] = [*body.get("allOf", []), _HAS_CONTENT]
+        if vocab is not None:
+            _bound_token_ids(name, body, vocab)
+        if name in ("ChatCompletionBody", "CompletionBody"):  # refused by name unless at their no-op value
+            for field, allowed in UNSUPPORTED.items():
+                body["properties"].setdefault(field, {"enum": list(allowed),
+                                                      "description": "not supported by Kev: only this no-op value"})
         if name == "StructuredOutputs":  # exactly one kind of constraint (its keys are the five kinds)
             body["minProperties"] = body["maxProperties"] = 1
         if name in _ONE_OF:  # one of them set (not null), the other absent or null
@@ -69,11 +112,61 @@ def _joint_rules(name: str, properties: dict[str, Any]) -> list[dict[str, Any]]:
         rules.append({"if": {"properties": {"top_logprobs": {"not": {"type": "null"}}}, "required": ["top_logprobs"]},
                       "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}})
     present = [field for field in _STRUCTURE_FIELDS if field in properties]
+    if "tool_choice" in properties:
+        rules += _tool_rules(present)
+    if "echo" in properties:  # the prompt in the text is not streamed
+        rules.append({"not": {"required": ["echo", "stream"], "properties": {"echo": {"const": True},
+                                                                              "stream": {"const": True}}}})
+    sets = {field: _SETS_STRUCTURE.get(field, {"not": {"type": "null"}}) for field in present}
     for i, first in enumerate(present):  # at most one structured-output field set
         for second in present[i + 1:]:
-            rules.append({"not": {"required": [first, second], "properties": {
-                first: {"not": {"type": "null"}}, second: {"not": {"type": "null"}}}}})
+            rules.append({"not": {"required": [first, second], "properties": {first: sets[first],
+                                                                              second: sets[second]}}})
     return rules
+
+
+def _tool_rules(structure_fields: list[str]) -> list[dict[str, Any]]:
+    """tool_choice auto, required or a function needs tools; a forced call (required or a function) has its own
+    grammar, so no structured-output field beside it."""
+    forced = {"required": ["tool_choice"], "properties": {"tool_choice": {"anyOf": [
+        {"const": "required"}, {"type": "object"}]}}}
+    no_structure = [{"not": {"required": [field], "properties": {
+        field: _SETS_STRUCTURE.get(field, {"not": {"type": "null"}})}}} for field in structure_fields]
+    return [
+        {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"anyOf": [
+            {"enum": ["auto", "required"]}, {"type": "object"}]}}},
+         "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}},
+        {"if": forced, "then": {"allOf": no_structure}}]
+
+
+def _bound_token_ids(name: str, body: dict[str, Any], vocab: Vocab) -> None:
+    """Token ids the OpenAI routes and /detokenize refuse with a 400 (the Kev API answers an id outside the
+    vocabulary with that question's error result, so its ids stay unbounded)."""
+    properties = body.get("properties", {})
+    if name == "DetokenizeBody":
+        _bound(properties["tokens"].get("items"), "integer", maximum=vocab.tokenizer - 1)
+    if name == "CompletionBody":  # a list of ids, or a list of lists of them
+        for branch in properties["prompt"].get("anyOf", []):
+            items = branch.get("items", {})
+            _bound(items, "integer", maximum=vocab.model - 1)
+            _bound(items.get("items"), "integer", maximum=vocab.model - 1)
+    if name in ("ChatCompletionBody", "CompletionBody"):
+        for branch in properties["logit_bias"].get("anyOf", []):
+            if branch.get("type") == "object":
+                branch["propertyNames"] = {"pattern": decimal_at_most(vocab.model - 1)}
+
+
+def decimal_at_most(top: int) -> str:
+    """A regex for the decimal numbers 0..top in ASCII digits, leading zeros allowed (as int() reads a key)."""
+    digits = str(top)
+    size = len(digits)
+    branches = ["0"] + ([f"[1-9][0-9]{{0,{size - 2}}}"] if size > 1 else [])  # fewer digits than top
+    for i, digit in enumerate(digits):  # as many digits: top's first i, then a smaller one, then any
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            branches.append(f"{digits[:i]}[{low}-{int(digit) - 1}][0-9]{{{size - i - 1}}}")
+    branches.append(digits)
+    return f"^0*(?:{'|'.join(branches)})$"
 
 
 def _request_components(schema: dict[str, Any]) -> set[str]:

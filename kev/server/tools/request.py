@@ -57,7 +57,7 @@ def _check_combinations(body: ChatCompletionBody, mode: Mode, structure: dict[st
         raise ApiError(422, f"{field}: cannot be combined with tool_choice {mode} (a forced call has its own "
                             "grammar)", field)
     if body.logprobs and body.stream and mode != "none":
-        raise ApiError(422, "logprobs: not supported together with tools when streaming", "logprobs")
+        raise ApiError(400, "logprobs: not supported together with tools when streaming", "logprobs")
 
 
 def _message(message: Any) -> dict[str, Any]:
