@@ -20,9 +20,11 @@ def default_model():
     return load_model_and_tokenizer(kev.load_config({"core": {"precision": "fp32"}}))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def make_engine(default_model):
-    """Build an engine on the shared model with config overrides; closed at session end."""
+    """Build an engine on the shared model with config overrides; closed at the end of the module that made it.
+    (Session-long engines each kept their KV pool to the end: the suite's process grew past 15 GB and was
+    OOM-killed on a 24 GiB machine running a second suite.)"""
     from kev.engine.engine_setup import build_parts
 
     engines: list[kev.Engine] = []

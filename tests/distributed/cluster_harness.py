@@ -23,7 +23,7 @@ import nats
 
 from kev.distributed.nats_server import NatsServer
 from kev.distributed.subjects import Topology
-from harness import ServerProcess
+from harness import ServerProcess, die_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 # Small and fast: one CPU thread per worker, short lease so a killed worker's questions come back soon.
@@ -52,7 +52,7 @@ class Role:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "-v", *self.args], cwd=REPO, env=env,
-                                         stdout=log, stderr=subprocess.STDOUT)
+                                         stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
         return self
 
     @property

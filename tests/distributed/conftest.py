@@ -16,7 +16,7 @@ SINGLE = {"router": {"strategy": "consistent_hash", "default_max_tokens": 8, "de
           "core": {"threads": 1}}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # ends with tests/distributed: its servers free their memory for the rest
 def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     server = ServerProcess(SINGLE, tmp_path_factory.mktemp("kev-single")).start(timeout=600)
     with httpx.Client(base_url=server.url, timeout=300) as client:
@@ -24,7 +24,7 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     server.terminate()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # ends with tests/distributed: its servers free their memory for the rest
 def reference(single: httpx.Client) -> Callable[..., list[dict[str, Any]]]:
     """reference(queries, **options): the single-mode results (one request, so one packed run)."""
 
@@ -36,7 +36,7 @@ def reference(single: httpx.Client) -> Callable[..., list[dict[str, Any]]]:
     return answer
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # ends with tests/distributed: its servers free their memory for the rest
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with two_worker_cluster(tmp_path_factory.mktemp("kev-cluster")) as cluster:
         yield cluster

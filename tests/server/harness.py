@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -16,6 +17,20 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A Popen preexec_fn: the child gets SIGKILL when the test process dies (Linux's PR_SET_PDEATHSIG), so a suite
+    killed mid-way (a CI timeout, the OOM killer) leaves no server or worker behind holding memory and ports. Only
+    from the main thread: the signal follows the thread that started the child, not the process."""
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def arm() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    return arm
 _LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 
 
@@ -54,7 +69,8 @@ class ServerProcess:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.pop("KEV_API_KEY", None)
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=die_with_parent())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
