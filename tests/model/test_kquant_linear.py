@@ -18,6 +18,7 @@ from kev.model.gguf_weights import read_blocks
 from kev.model.kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 from kev.model.quant_weight import QuantWeight, kernel_paths, reference_linear
+from tests.model.row_invariance import assert_rows_invariant
 
 TYPES = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K]
 
@@ -70,17 +71,7 @@ def test_every_path_gives_the_same_bits(tmp_path: Path, paths, qtype, shape):
 def test_rows_are_the_same_at_every_row_count_and_thread_count(tmp_path: Path, paths, qtype):
     w, _ = file_weight(tmp_path, qtype, 200, 512, seed=2)
     x = torch.randn(80, 512, generator=torch.Generator().manual_seed(2)).bfloat16()
-    for path in paths[:-1]:  # the kernels (torch's reference is checked against them above)
-        full = w.multiply(x, path)
-        for rows in range(1, 81):
-            assert torch.equal(w.multiply(x[:rows], path), full[:rows]), f"path {path}, M={rows}"
-        threads = torch.get_num_threads()
-        try:
-            for count in (1, 2):
-                torch.set_num_threads(count)
-                assert torch.equal(w.multiply(x, path), full), f"path {path}, {count} threads"
-        finally:
-            torch.set_num_threads(threads)
+    assert_rows_invariant(w, x, paths)
 
 
 @pytest.mark.parametrize("qtype", TYPES)

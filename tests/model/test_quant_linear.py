@@ -18,6 +18,7 @@ from kev.model.kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 from kev.model.quant_weight import Kind, QuantWeight, kernel_paths, pack, quantize_activations, reference_linear
 from kev.model.quantize import quantize_rows
+from tests.model.row_invariance import assert_rows_invariant
 
 SHAPES = [(576, 200), (1536, 576), (64, 40)]  # (in, out): 200 and 40 end in a partial 16-column block
 
@@ -62,16 +63,7 @@ def test_every_path_gives_the_same_bits(paths, kind, seed, shape):
 def test_rows_are_the_same_at_every_row_count_and_thread_count(paths, kind, seed):
     w = random_weight(kind, 576, 200, seed=seed)
     x = torch.randn(80, 576, generator=torch.Generator().manual_seed(2)).bfloat16()
-    for path in paths[:-1]:  # the kernels (torch's reference is checked against them above)
-        full = w.multiply(x, path)
-        for rows in range(1, 81):
-            assert torch.equal(w.multiply(x[:rows], path), full[:rows]), f"path {path}, M={rows}"
-        threads = torch.get_num_threads()
-        try:
-            torch.set_num_threads(1)
-            assert torch.equal(w.multiply(x, path), full)
-        finally:
-            torch.set_num_threads(threads)
+    assert_rows_invariant(w, x, paths)
 
 
 @pytest.mark.parametrize("kind,seed", WEIGHTS)
