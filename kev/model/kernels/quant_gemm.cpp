@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,7 @@ constexpr int kMaxRows = 4;   // rows per AVX2 register tile
 constexpr int kMaxBlocks = 4; // column blocks per AVX2 register tile
 constexpr int kRows512 = 8;   // rows per AVX-512 register tile (one column block)
 constexpr int kBlocks512 = 8; // column blocks per AVX-512 tile of one or two rows
+constexpr int64_t kSpanBlocks = 64;  // k blocks per span when several row tiles share the weights (a multiple of 8)
 
 // Q4: q - 8 (Q4_0); Q4Min: d·q + m (Q4_1); K-quants (model/kquant.py): Q4K / Q5K d·sc·q - dmin·m with q 0..15 /
 // 0..31, Q6K d·sc·(q - 32) with q 0..63 and one int8 sc per 16 k.
@@ -68,70 +70,102 @@ enum Path : int64_t { kAuto = 0, kAvx512 = 1, kAvx2 = 2 };
 // block (at slot(m, b)): q (int8) and q + 128 (as bytes, for Q8 weights where the activation is vpdpbusd's unsigned
 // side), the scale dx, the sum of q (exact, and as fp32), sx = dx · float(Σq), the sums of each 16-k half (Q6K's
 // sub-blocks), and the integer sums' starting values -8·Σq (Q4) and -32·Σq per half (Q6K).
-struct RowsQ {
-  int64_t kblocks = 0;
-  std::vector<int8_t> q;
-  std::vector<uint8_t> u;
-  std::vector<float> dx, sx, fsum;
-  std::vector<int32_t> qsum, qsum16, q4start, q6start;
-  int64_t slot(int64_t m, int64_t b) const { return ((m / kRows512) * kblocks + b) * kRows512 + m % kRows512; }
-  const int8_t* quants(int64_t m, int64_t b) const { return q.data() + slot(m, b) * kBlockK; }
+// A buffer left uninitialised (every slot a tile reads is written first; zeroing it cost a tenth of a call).
+template <class T>
+struct Buffer {
+  std::unique_ptr<T[]> p;
+  void allocate(int64_t n) { p.reset(new T[n]); }
+  T* data() const { return p.get(); }
+  T& operator[](int64_t i) const { return p[i]; }
 };
 
-// Block b of row m from its 32 values v: dx = max|v| / 127, q = round-to-nearest-even(v · (1 / dx)).
-void store_block(RowsQ& r, int64_t m, int64_t b, float amax, const int32_t* v) {
-  const int64_t at = r.slot(m, b);
-  const float d = amax / 127.0f;
-  int32_t sum = 0, half[2] = {0, 0};
-  for (int i = 0; i < kBlockK; ++i) {
-    r.q[at * kBlockK + i] = static_cast<int8_t>(v[i]);
-    r.u[at * kBlockK + i] = static_cast<uint8_t>(v[i] + 128);
-    sum += v[i];
-    half[i / 16] += v[i];
-  }
-  r.dx[at] = d;
-  r.qsum[at] = sum, r.fsum[at] = static_cast<float>(sum), r.sx[at] = d * static_cast<float>(sum);
-  r.qsum16[2 * at] = half[0], r.qsum16[2 * at + 1] = half[1];
-  r.q4start[at] = -8 * sum;
-  r.q6start[2 * at] = -32 * half[0], r.q6start[2 * at + 1] = -32 * half[1];
-}
+struct RowsQ {
+  int64_t kblocks = 0;
+  Buffer<int8_t> q;
+  Buffer<uint8_t> u;
+  Buffer<float> dx, sx, fsum;
+  Buffer<int32_t> qsum, qsum16, q4start, q6start;
+  int64_t slot(int64_t m, int64_t b) const { return ((m / kRows512) * kblocks + b) * kRows512 + m % kRows512; }
+  const int8_t* quants(int64_t m, int64_t b) const { return q.data() + slot(m, b) * kBlockK; }
 
-// One row. The arithmetic (an exact max, an IEEE division, reciprocal and product, rounding under the default
-// round-to-nearest-even mode) is what torch's fallback does, so vector and scalar code give the same q and dx.
-void quantize_row(RowsQ& r, const float* x, int64_t m) {
-  for (int64_t b = 0; b < r.kblocks; ++b) {
-    const float* xb = x + b * kBlockK;
-    float amax = 0.0f;
-    int32_t v[kBlockK];
+  // Block b of row m, from its scale and its 32 quants.
+  void store(int64_t m, int64_t b, float d, const int32_t* v) {
+    const int64_t at = slot(m, b);
+    int32_t half[2] = {0, 0};
+    for (int i = 0; i < kBlockK; ++i) {
+      q[at * kBlockK + i] = static_cast<int8_t>(v[i]);
+      u[at * kBlockK + i] = static_cast<uint8_t>(v[i] + 128);
+      half[i / 16] += v[i];
+    }
+    store_sums(at, d, half);
+  }
+  // The block's scale and sums, from the sums of its 16-k halves.
+  void store_sums(int64_t at, float d, const int32_t (&half)[2]) {
+    const int32_t sum = half[0] + half[1];
+    dx[at] = d;
+    qsum[at] = sum, fsum[at] = static_cast<float>(sum), sx[at] = d * static_cast<float>(sum);
+    qsum16[2 * at] = half[0], qsum16[2 * at + 1] = half[1];
+    q4start[at] = -8 * sum;
+    q6start[2 * at] = -32 * half[0], q6start[2 * at + 1] = -32 * half[1];
+  }
+};
+
+// Each block of a row: dx = max|x| / 127, q = round-to-nearest-even(x · (1 / dx)). The arithmetic (an exact max, an
+// IEEE division, reciprocal and product, rounding under the default round-to-nearest-even mode) is what torch's
+// fallback does, so vector and scalar code give the same q and dx.
 #if KEV_QUANT_AVX512
-    const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
-    amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {  // bf16 to fp32 is exact: the 16 bits above 16 zero bits
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+template <class T>
+void quantize_row(RowsQ& r, const T* x, int64_t m) {
+  for (int64_t b = 0; b < r.kblocks; ++b) {
+    const __m512 x0 = load16(x + b * kBlockK), x1 = load16(x + b * kBlockK + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
     const float d = amax / 127.0f;
     const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
-    _mm512_storeu_si512(v, _mm512_cvtps_epi32(_mm512_mul_ps(x0, id)));
-    _mm512_storeu_si512(v + 16, _mm512_cvtps_epi32(_mm512_mul_ps(x1, id)));
+    const __m512i v0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id)), v1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
+    const int64_t at = r.slot(m, b);
+    const __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(v1), _mm512_cvtepi32_epi8(v0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.q.data() + at * kBlockK), q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.u.data() + at * kBlockK),
+                        _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))));  // q + 128 as a byte
+    r.store_sums(at, d, {_mm512_reduce_add_epi32(v0), _mm512_reduce_add_epi32(v1)});
+  }
+}
 #else
+template <class T>
+void quantize_row(RowsQ& r, const T* x, int64_t m) {
+  for (int64_t b = 0; b < r.kblocks; ++b) {
+    float xb[kBlockK], amax = 0.0f;
+    for (int i = 0; i < kBlockK; ++i) xb[i] = static_cast<float>(x[b * kBlockK + i]);
     for (int i = 0; i < kBlockK; ++i) amax = std::max(amax, std::fabs(xb[i]));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t v[kBlockK];
     for (int i = 0; i < kBlockK; ++i) v[i] = static_cast<int32_t>(std::nearbyint(xb[i] * id));
-#endif
-    store_block(r, m, b, amax, v);
+    r.store(m, b, d, v);
   }
 }
+#endif
 
 RowsQ quantize_rows(const at::Tensor& x) {
   const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlockK;
-  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
-  const float* xp = xf.data_ptr<float>();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const at::Tensor xf = bf16 || x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   RowsQ r;
   r.kblocks = blocks;
   const int64_t slots = (rows + kRows512 - 1) / kRows512 * kRows512 * blocks;  // the last group padded
-  r.q.resize(slots * kBlockK), r.u.resize(slots * kBlockK);
-  r.dx.resize(slots), r.sx.resize(slots), r.fsum.resize(slots), r.qsum.resize(slots), r.q4start.resize(slots);
-  r.qsum16.resize(2 * slots), r.q6start.resize(2 * slots);
+  r.q.allocate(slots * kBlockK), r.u.allocate(slots * kBlockK);
+  r.dx.allocate(slots), r.sx.allocate(slots), r.fsum.allocate(slots), r.qsum.allocate(slots);
+  r.q4start.allocate(slots), r.qsum16.allocate(2 * slots), r.q6start.allocate(2 * slots);
   at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) quantize_row(r, xp + m * k, m);
+    for (int64_t m = begin; m < end; ++m) {
+      if (bf16) quantize_row(r, xf.data_ptr<at::BFloat16>() + m * k, m);
+      else quantize_row(r, xf.data_ptr<float>() + m * k, m);
+    }
   });
   return r;
 }
@@ -197,8 +231,11 @@ struct Acts {
   int64_t k, kblocks;
 };
 
-// One register tile: rows row0.. × column blocks block0.. (how many: the template's).
-using TileFn = void (*)(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out);
+// One register tile: rows row0.. × column blocks block0.. (how many: the template's), over k blocks [kb0, kb1).
+// The fp32 sums carry over in out from one span of k blocks to the next (a store and a load are exact, so the
+// order of the steps is that of a single pass); the last span adds scale and bias.
+using TileFn = void (*)(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int64_t kb0, int64_t kb1,
+                        float* out);
 
 #if KEV_QUANT_AVX2
 // The high quant bits of group g (steps 2g, 2g + 1) at bit 4: Q5K's bit 4 (a byte holds 8 steps of its position, step
@@ -228,10 +265,9 @@ inline __m512 half16(const uint16_t* p) {  // 16 fp16 values as fp32
 inline __m512 widen16(const uint8_t* p) {  // 16 uint8 values as fp32
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
 inline __m512i bcast4(const void* p) {  // 4 bytes at p in every lane (vpdpbusd's broadcast operand)
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
+  return _mm512_set1_epi32(*static_cast<const unaligned_i32*>(p));
 }
 
 // Group g (k steps 2g, 2g + 1) of a 4-bit or K-quant sub-cell: each weight as one unsigned byte (K-quants: with its
@@ -266,6 +302,10 @@ struct BlockActs {
   __m512i operator()(int r, int i) const {
     if constexpr (Held) return held[r][i];
     return bcast4(p + r * kBlockK + 4 * i);
+  }
+  void dot(__m512i& acc, __m512i u, int r, int i) const {
+    if constexpr (Held) acc = _mm512_dpbusd_epi32(acc, u, held[r][i]);
+    else asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*static_cast<const unaligned_i32*>(static_cast<const void*>(p + r * kBlockK + 4 * i))));
   }
 };
 
@@ -305,8 +345,8 @@ inline void block_sums(const Weights& w, const RowsQ& rq, const uint8_t* qs, int
       unpack_group<K>(qs, g, lo, hi);
 #pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
-        isum[r] = _mm512_dpbusd_epi32(isum[r], lo, x(r, 2 * g));
-        isum[r] = _mm512_dpbusd_epi32(isum[r], hi, x(r, 2 * g + 1));
+        x.dot(isum[r], lo, r, 2 * g);
+        x.dot(isum[r], hi, r, 2 * g + 1);
       }
     }
     if constexpr (K == kQ6K) {
@@ -366,11 +406,18 @@ inline void block_steps(const Weights& w, const RowsQ& rq, const uint8_t* qs, in
 // once for MR rows, each activation group is a broadcast operand of vpdpbusd. Few rows take several column blocks,
 // whose independent sums keep the multiply units busy while one row's weights stream in.
 template <Kind K, int MR, int NB>
-void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int64_t kb0, int64_t kb1, float* out) {
+  const auto mask_of = [&](int64_t col) {
+    const int64_t left = w.out_features - col;
+    return left >= kCols ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+  };
   __m512 acc[NB][MR];
   for (int j = 0; j < NB; ++j)
-    for (int r = 0; r < MR; ++r) acc[j][r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < a.kblocks; ++b) {
+    for (int r = 0; r < MR; ++r)
+      acc[j][r] = kb0 == 0 ? _mm512_setzero_ps()
+                           : _mm512_maskz_loadu_ps(mask_of((block0 + j) * kCols),
+                                                   out + (row0 + r) * w.out_features + (block0 + j) * kCols);
+  for (int64_t b = kb0; b < kb1; ++b) {
     const int64_t at = a.r->slot(row0, b);  // the group's rows side by side from here (row0 starts a group)
     const BlockActs<K, MR, (NB > 1)> x(*a.r, at);
 #pragma GCC unroll 8
@@ -381,14 +428,14 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
       block_steps<K, MR>(w, *a.r, qs, block0 + j, b, at, isum, acc[j]);
     }
   }
+  const bool last = kb1 == a.kblocks;
   for (int j = 0; j < NB; ++j) {
-    const int64_t col = (block0 + j) * kCols, left = w.out_features - col;
-    const __mmask16 mask = left >= kCols ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+    const int64_t col = (block0 + j) * kCols;
     for (int r = 0; r < MR; ++r) {
       __m512 v = acc[j][r];
-      if (w.scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scale + col));
-      if (w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + col));
-      _mm512_mask_storeu_ps(out + (row0 + r) * w.out_features + col, mask, v);
+      if (last && w.scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scale + col));
+      if (last && w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + col));
+      _mm512_mask_storeu_ps(out + (row0 + r) * w.out_features + col, mask_of(col), v);
     }
   }
 }
@@ -445,13 +492,20 @@ inline void half256(const Weights& w, const RowsQ& rq, int64_t row0, const uint8
 
 // The same tile on 256 bits: each 16-column block is two halves of 8 columns, each half the same sums.
 template <int NB, int MR>
-void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int64_t kb0, int64_t kb1, float* out) {
+  const auto width = [&](int j) { return std::min<int64_t>(8, w.out_features - (block0 + j / 2) * kCols - (j % 2) * 8); };
   __m256 acc[MR][2 * NB];
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 2 * NB; ++j) acc[r][j] = _mm256_setzero_ps();
+    for (int j = 0; j < 2 * NB; ++j) {
+      alignas(32) float tmp[8] = {};
+      if (kb0 > 0 && width(j) > 0)
+        std::memcpy(tmp, out + (row0 + r) * w.out_features + (block0 + j / 2) * kCols + (j % 2) * 8,
+                    width(j) * sizeof(float));
+      acc[r][j] = _mm256_load_ps(tmp);
+    }
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const RowsQ& rq = *a.r;
-  for (int64_t b = 0; b < a.kblocks; ++b) {
+  for (int64_t b = kb0; b < kb1; ++b) {
     for (int j = 0; j < 2 * NB; ++j) {
       const uint8_t* cell = w.cell(block0 + j / 2, b);
       const uint8_t* qs = cell + (j % 2) * 32;
@@ -521,14 +575,14 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
       }
     }
   }
+  const bool last = kb1 == a.kblocks;
   for (int j = 0; j < 2 * NB; ++j) {
-    const int64_t col = (block0 + j / 2) * kCols + (j % 2) * 8;
-    const int64_t left = std::min<int64_t>(8, w.out_features - col);
+    const int64_t col = (block0 + j / 2) * kCols + (j % 2) * 8, left = width(j);
     if (left <= 0) break;
     for (int r = 0; r < MR; ++r) {
       __m256 v = acc[r][j];
-      if (w.scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(w.scale + col));
-      if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + col));
+      if (last && w.scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(w.scale + col));
+      if (last && w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + col));
       alignas(32) float tmp[8];
       _mm256_store_ps(tmp, v);
       std::memcpy(out + (row0 + r) * w.out_features + col, tmp, left * sizeof(float));
@@ -620,13 +674,19 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (w.block_stride() * (1 + rows / 4)));
   const TileShape shape = tile_shape(chosen, rows);
+  // Spans of k blocks: a column block's weights for one span stay in the L1 cache while every row tile reads them
+  // (one span when each row tile reads its weights once).
+  const int64_t span = rows > shape.rows ? std::min(kblocks, kSpanBlocks) : kblocks;
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end;) {
       // A tail narrower than the shape runs one block at a time (AVX2 has every width).
       const int nb = end - block >= shape.blocks ? shape.blocks : chosen == kAvx2 ? static_cast<int>(end - block) : 1;
-      for (int64_t row0 = 0; row0 < rows; row0 += shape.rows) {
-        const int mr = static_cast<int>(std::min<int64_t>(shape.rows, rows - row0));
-        pick_tile(chosen, w.kind, nb, mr)(w, a, row0, block, op);
+      for (int64_t kb0 = 0; kb0 < kblocks; kb0 += span) {
+        const int64_t kb1 = std::min(kblocks, kb0 + span);
+        for (int64_t row0 = 0; row0 < rows; row0 += shape.rows) {
+          const int mr = static_cast<int>(std::min<int64_t>(shape.rows, rows - row0));
+          pick_tile(chosen, w.kind, nb, mr)(w, a, row0, block, kb0, kb1, op);
+        }
       }
       block += nb;
     }
