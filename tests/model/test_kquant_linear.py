@@ -58,8 +58,7 @@ def test_blocks_are_held_as_the_file_has_them(tmp_path: Path, qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPES)
-# (in, out): partial 16-column blocks; 4352 k is 136 blocks of 32, run in spans of 64, 64 and 8 (test_quant_linear.py)
-@pytest.mark.parametrize("shape", [(512, 200), (768, 40), (4352, 40)])
+@pytest.mark.parametrize("shape", [(512, 200), (768, 40)])  # (in, out): partial 16-column blocks
 def test_every_path_gives_the_same_bits(tmp_path: Path, paths, qtype, shape):
     w, _ = file_weight(tmp_path, qtype, shape[1], shape[0], seed=1)
     x = (torch.randn(37, shape[0], generator=torch.Generator().manual_seed(1)) * 3).bfloat16()

@@ -58,7 +58,6 @@ constexpr int kMaxRows = 4;   // rows per AVX2 register tile
 constexpr int kMaxBlocks = 4; // column blocks per AVX2 register tile
 constexpr int kRows512 = 8;   // rows per AVX-512 register tile (one column block)
 constexpr int kBlocks512 = 8; // column blocks per AVX-512 tile of one or two rows
-constexpr int64_t kSpanBlocks = 64;  // k blocks per span when several row tiles share the weights (a multiple of 8)
 
 // Q4: q - 8 (Q4_0); Q4Min: d·q + m (Q4_1); K-quants (model/kquant.py): Q4K / Q5K d·sc·q - dmin·m with q 0..15 /
 // 0..31, Q6K d·sc·(q - 32) with q 0..63 and one int8 sc per 16 k.
@@ -231,11 +230,8 @@ struct Acts {
   int64_t k, kblocks;
 };
 
-// One register tile: rows row0.. × column blocks block0.. (how many: the template's), over k blocks [kb0, kb1).
-// The fp32 sums carry over in out from one span of k blocks to the next (a store and a load are exact, so the
-// order of the steps is that of a single pass); the last span adds scale and bias.
-using TileFn = void (*)(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int64_t kb0, int64_t kb1,
-                        float* out);
+// One register tile: rows row0.. × column blocks block0.. (how many: the template's).
+using TileFn = void (*)(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out);
 
 #if KEV_QUANT_AVX2
 // The high quant bits of group g (steps 2g, 2g + 1) at bit 4: Q5K's bit 4 (a byte holds 8 steps of its position, step
@@ -303,9 +299,15 @@ struct BlockActs {
     if constexpr (Held) return held[r][i];
     return bcast4(p + r * kBlockK + 4 * i);
   }
+  // acc += u · (signed) dword i of row r. Not held, the dword is vpdpbusd's own broadcast operand ({1to16}): GCC
+  // does not fold the intrinsic's broadcast into it, and the separate vpbroadcastd costs 3-6% at 16-64 rows.
   void dot(__m512i& acc, __m512i u, int r, int i) const {
-    if constexpr (Held) acc = _mm512_dpbusd_epi32(acc, u, held[r][i]);
-    else asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*static_cast<const unaligned_i32*>(static_cast<const void*>(p + r * kBlockK + 4 * i))));
+    if constexpr (Held) {
+      acc = _mm512_dpbusd_epi32(acc, u, held[r][i]);
+    } else {
+      const auto* at = static_cast<const unaligned_i32*>(static_cast<const void*>(p + r * kBlockK + 4 * i));
+      asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*at));
+    }
   }
 };
 
@@ -406,18 +408,11 @@ inline void block_steps(const Weights& w, const RowsQ& rq, const uint8_t* qs, in
 // once for MR rows, each activation group is a broadcast operand of vpdpbusd. Few rows take several column blocks,
 // whose independent sums keep the multiply units busy while one row's weights stream in.
 template <Kind K, int MR, int NB>
-void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int64_t kb0, int64_t kb1, float* out) {
-  const auto mask_of = [&](int64_t col) {
-    const int64_t left = w.out_features - col;
-    return left >= kCols ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-  };
+void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
   __m512 acc[NB][MR];
   for (int j = 0; j < NB; ++j)
-    for (int r = 0; r < MR; ++r)
-      acc[j][r] = kb0 == 0 ? _mm512_setzero_ps()
-                           : _mm512_maskz_loadu_ps(mask_of((block0 + j) * kCols),
-                                                   out + (row0 + r) * w.out_features + (block0 + j) * kCols);
-  for (int64_t b = kb0; b < kb1; ++b) {
+    for (int r = 0; r < MR; ++r) acc[j][r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.kblocks; ++b) {
     const int64_t at = a.r->slot(row0, b);  // the group's rows side by side from here (row0 starts a group)
     const BlockActs<K, MR, (NB > 1)> x(*a.r, at);
 #pragma GCC unroll 8
@@ -428,14 +423,14 @@ void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int6
       block_steps<K, MR>(w, *a.r, qs, block0 + j, b, at, isum, acc[j]);
     }
   }
-  const bool last = kb1 == a.kblocks;
   for (int j = 0; j < NB; ++j) {
-    const int64_t col = (block0 + j) * kCols;
+    const int64_t col = (block0 + j) * kCols, left = w.out_features - col;
+    const __mmask16 mask = left >= kCols ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
     for (int r = 0; r < MR; ++r) {
       __m512 v = acc[j][r];
-      if (last && w.scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scale + col));
-      if (last && w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + col));
-      _mm512_mask_storeu_ps(out + (row0 + r) * w.out_features + col, mask_of(col), v);
+      if (w.scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scale + col));
+      if (w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + col));
+      _mm512_mask_storeu_ps(out + (row0 + r) * w.out_features + col, mask, v);
     }
   }
 }
@@ -492,20 +487,13 @@ inline void half256(const Weights& w, const RowsQ& rq, int64_t row0, const uint8
 
 // The same tile on 256 bits: each 16-column block is two halves of 8 columns, each half the same sums.
 template <int NB, int MR>
-void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int64_t kb0, int64_t kb1, float* out) {
-  const auto width = [&](int j) { return std::min<int64_t>(8, w.out_features - (block0 + j / 2) * kCols - (j % 2) * 8); };
+void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
   __m256 acc[MR][2 * NB];
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < 2 * NB; ++j) {
-      alignas(32) float tmp[8] = {};
-      if (kb0 > 0 && width(j) > 0)
-        std::memcpy(tmp, out + (row0 + r) * w.out_features + (block0 + j / 2) * kCols + (j % 2) * 8,
-                    width(j) * sizeof(float));
-      acc[r][j] = _mm256_load_ps(tmp);
-    }
+    for (int j = 0; j < 2 * NB; ++j) acc[r][j] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const RowsQ& rq = *a.r;
-  for (int64_t b = kb0; b < kb1; ++b) {
+  for (int64_t b = 0; b < a.kblocks; ++b) {
     for (int j = 0; j < 2 * NB; ++j) {
       const uint8_t* cell = w.cell(block0 + j / 2, b);
       const uint8_t* qs = cell + (j % 2) * 32;
@@ -575,14 +563,14 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int6
       }
     }
   }
-  const bool last = kb1 == a.kblocks;
   for (int j = 0; j < 2 * NB; ++j) {
-    const int64_t col = (block0 + j / 2) * kCols + (j % 2) * 8, left = width(j);
+    const int64_t col = (block0 + j / 2) * kCols + (j % 2) * 8;
+    const int64_t left = std::min<int64_t>(8, w.out_features - col);
     if (left <= 0) break;
     for (int r = 0; r < MR; ++r) {
       __m256 v = acc[r][j];
-      if (last && w.scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(w.scale + col));
-      if (last && w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + col));
+      if (w.scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(w.scale + col));
+      if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + col));
       alignas(32) float tmp[8];
       _mm256_store_ps(tmp, v);
       std::memcpy(out + (row0 + r) * w.out_features + col, tmp, left * sizeof(float));
@@ -674,19 +662,13 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (w.block_stride() * (1 + rows / 4)));
   const TileShape shape = tile_shape(chosen, rows);
-  // Spans of k blocks: a column block's weights for one span stay in the L1 cache while every row tile reads them
-  // (one span when each row tile reads its weights once).
-  const int64_t span = rows > shape.rows ? std::min(kblocks, kSpanBlocks) : kblocks;
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end;) {
       // A tail narrower than the shape runs one block at a time (AVX2 has every width).
       const int nb = end - block >= shape.blocks ? shape.blocks : chosen == kAvx2 ? static_cast<int>(end - block) : 1;
-      for (int64_t kb0 = 0; kb0 < kblocks; kb0 += span) {
-        const int64_t kb1 = std::min(kblocks, kb0 + span);
-        for (int64_t row0 = 0; row0 < rows; row0 += shape.rows) {
-          const int mr = static_cast<int>(std::min<int64_t>(shape.rows, rows - row0));
-          pick_tile(chosen, w.kind, nb, mr)(w, a, row0, block, kb0, kb1, op);
-        }
+      for (int64_t row0 = 0; row0 < rows; row0 += shape.rows) {
+        const int mr = static_cast<int>(std::min<int64_t>(shape.rows, rows - row0));
+        pick_tile(chosen, w.kind, nb, mr)(w, a, row0, block, op);
       }
       block += nb;
     }
