@@ -225,13 +225,9 @@ Layout layout_of(int64_t cell_bytes) {
   }
 }
 
-struct Acts {
-  const RowsQ* r;
-  int64_t k, kblocks;
-};
 
 // One register tile: rows row0.. × column blocks block0.. (how many: the template's).
-using TileFn = void (*)(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out);
+using TileFn = void (*)(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, float* out);
 
 #if KEV_QUANT_AVX2
 // The high quant bits of group g (steps 2g, 2g + 1) at bit 4: Q5K's bit 4 (a byte holds 8 steps of its position, step
@@ -408,19 +404,19 @@ inline void block_steps(const Weights& w, const RowsQ& rq, const uint8_t* qs, in
 // once for MR rows, each activation group is a broadcast operand of vpdpbusd. Few rows take several column blocks,
 // whose independent sums keep the multiply units busy while one row's weights stream in.
 template <Kind K, int MR, int NB>
-void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+void tile512(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, float* out) {
   __m512 acc[NB][MR];
   for (int j = 0; j < NB; ++j)
     for (int r = 0; r < MR; ++r) acc[j][r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < a.kblocks; ++b) {
-    const int64_t at = a.r->slot(row0, b);  // the group's rows side by side from here (row0 starts a group)
-    const BlockActs<K, MR, (NB > 1)> x(*a.r, at);
+  for (int64_t b = 0; b < rq.kblocks; ++b) {
+    const int64_t at = rq.slot(row0, b);  // the group's rows side by side from here (row0 starts a group)
+    const BlockActs<K, MR, (NB > 1)> x(rq, at);
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
       const uint8_t* qs = w.cell(block0 + j, b);
       __m512i isum[MR];
-      block_sums<K, MR>(w, *a.r, qs, at, x, isum);
-      block_steps<K, MR>(w, *a.r, qs, block0 + j, b, at, isum, acc[j]);
+      block_sums<K, MR>(w, rq, qs, at, x, isum);
+      block_steps<K, MR>(w, rq, qs, block0 + j, b, at, isum, acc[j]);
     }
   }
   for (int j = 0; j < NB; ++j) {
@@ -487,13 +483,12 @@ inline void half256(const Weights& w, const RowsQ& rq, int64_t row0, const uint8
 
 // The same tile on 256 bits: each 16-column block is two halves of 8 columns, each half the same sums.
 template <int NB, int MR>
-void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+void tile256(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, float* out) {
   __m256 acc[MR][2 * NB];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 2 * NB; ++j) acc[r][j] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const RowsQ& rq = *a.r;
-  for (int64_t b = 0; b < a.kblocks; ++b) {
+  for (int64_t b = 0; b < rq.kblocks; ++b) {
     for (int j = 0; j < 2 * NB; ++j) {
       const uint8_t* cell = w.cell(block0 + j / 2, b);
       const uint8_t* qs = cell + (j % 2) * 32;
@@ -657,7 +652,6 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
   if (rows == 0) return out;
   const RowsQ rq = quantize_rows(x);
-  const Acts a{&rq, x.size(1), kblocks};
   float* op = out.data_ptr<float>();
   // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (w.block_stride() * (1 + rows / 4)));
@@ -668,7 +662,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
       const int nb = end - block >= shape.blocks ? shape.blocks : chosen == kAvx2 ? static_cast<int>(end - block) : 1;
       for (int64_t row0 = 0; row0 < rows; row0 += shape.rows) {
         const int mr = static_cast<int>(std::min<int64_t>(shape.rows, rows - row0));
-        pick_tile(chosen, w.kind, nb, mr)(w, a, row0, block, op);
+        pick_tile(chosen, w.kind, nb, mr)(w, rq, row0, block, op);
       }
       block += nb;
     }
