@@ -50,7 +50,7 @@ class FusedLayers:
         """None where some layer cannot be fused (its own verdict) or some linear is not on Kev's GEMM."""
         weights: list[torch.Tensor] = []
         parts_of: list[int] = []
-        gemms: list[GemmWeight | QuantWeight] = []
+        every_part: list[GemmWeight | QuantWeight] = []
         eps = 0.0
         for layer in model.layers:
             says = getattr(layer, "fusion_parts", None)  # a layer that does not say it can be fused is not
@@ -69,11 +69,11 @@ class FusedLayers:
             qkv, o, gate_up, down = ([p.packed if isinstance(p, GemmWeight) else p.cells for p in ps] for ps in linears)
             weights += [parts.input_norm, *qkv, *o, parts.post_attention_norm, *gate_up, *down]
             parts_of += [len(ps) for ps in linears]
-            gemms += [p for ps in linears for p in ps]
+            every_part += [p for ps in linears for p in ps]
             eps = parts.eps
         cfg = model.config
-        return FusedLayers(weights, parts_of, [p.bias for p in gemms], [p.scale for p in gemms],
-                           [p.out_features for p in gemms], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps)
+        return FusedLayers(weights, parts_of, [p.bias for p in every_part], [p.scale for p in every_part],
+                           [p.out_features for p in every_part], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps)
 
     def run(self, x: torch.Tensor, meta: StepMetadata, caches: list[PagedKVLayer], cos: torch.Tensor,
             sin: torch.Tensor) -> torch.Tensor | None:

@@ -198,14 +198,8 @@ class QuantRows:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
-    def multiply(self, x: torch.Tensor, path: int) -> torch.Tensor:
-        return torch.cat([p.multiply(x, path) for p in self.parts], dim=-1)
-
     def tensors(self) -> list[torch.Tensor]:
         return [t for p in self.parts for t in p.tensors()]
-
-    def nbytes(self) -> int:
-        return sum(p.nbytes() for p in self.parts)
 
     def unpack(self) -> torch.Tensor:
         return torch.cat([p.unpack() for p in self.parts])
