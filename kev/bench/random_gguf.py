@@ -1,9 +1,10 @@
-"""A Llama-1B-shaped GGUF with random weights (`kev bench --random-gguf Q4_0|Q8_0|Q4_K|Q5_K|Q6_K`): what a CPU user's
-4- to 8-bit 1B file costs to serve, without shipping one. Shape of Llama-3.2-1B (hidden 2048, 16 layers, 32 heads, 8
-KV heads, FFN 8192, tied head) with the default model's tokenizer (vocabulary 49,152 instead of 128,256). Weights
-N(0, 0.02) quantized with the `gguf` package; the package cannot quantize to K-quants, so those are random blocks
-(random quants and integer scales, fp16 scales picked for a spread near 0.02: any bit pattern of the quants is a valid
-block). Norms 1. Written once under $KEV_CACHE_DIR/bench."""
+"""A Llama-1B-shaped GGUF with random weights (`kev bench --random-gguf Q4_0|Q8_0|Q4_K|Q5_K|Q6_K|Q4_K_M`): what a CPU
+user's 4- to 8-bit 1B file costs to serve, without shipping one. Shape of Llama-3.2-1B (hidden 2048, 16 layers, 32
+heads, 8 KV heads, FFN 8192, tied head) with the default model's tokenizer (vocabulary 49,152 instead of 128,256).
+Weights N(0, 0.02) quantized with the `gguf` package; the package cannot quantize to K-quants, so those are random
+blocks (random quants and integer scales, fp16 scales picked for a spread near 0.02: any bit pattern of the quants is
+a valid block). Q4_K_M mixes types as llama.cpp's Q4_K_M does: Q4_K, with Q6_K for the (tied) head and, in
+llama.cpp's "more bits" layers, for attn_v and ffn_down. Norms 1. Written once under $KEV_CACHE_DIR/bench."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,7 @@ from gguf.quants import quantize
 from kev.model.model_store import ALIASES, _alias_gguf, cache_root
 
 SHAPE = {"hidden": 2048, "layers": 16, "heads": 32, "kv_heads": 8, "ffn": 8192}
-TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
 # K-quants: (byte offsets of the fp16 d and dmin in a super-block, d for a weight spread near 0.02, dmin / d)
 _K_SCALES = {GGMLQuantizationType.Q4_K: ((0, 2), 6e-5, 7.5), GGMLQuantizationType.Q5_K: ((0, 2), 3e-5, 15.5),
              GGMLQuantizationType.Q6_K: ((208,), 1.5e-5, 0.0)}
@@ -27,15 +28,27 @@ _TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml
 
 def random_llama_gguf(qtype_name: str) -> Path:
     """The file for this quant type (one of TYPES), written on first use."""
-    qtype = GGMLQuantizationType[qtype_name]
+    mixed = qtype_name == "Q4_K_M"
+    qtype = GGMLQuantizationType.Q4_K if mixed else GGMLQuantizationType[qtype_name]
     path = cache_root() / "bench" / f"llama-1b-shape-random-{qtype_name}.gguf"
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    _write(partial, qtype, SHAPE)
+    _write(partial, qtype, SHAPE, types=q4_k_m_types(SHAPE["layers"]) if mixed else None)
     partial.replace(path)
     return path
+
+
+def q4_k_m_types(layers: int) -> dict[str, GGMLQuantizationType]:
+    """llama.cpp's Q4_K_M choices beyond Q4_K (its llama_tensor_get_type): Q6_K for the head (here the tied
+    token_embd) and for attn_v and ffn_down in the first and last eighth of the layers and every third between."""
+    def more_bits(i: int) -> bool:
+        return i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
+
+    q6 = GGMLQuantizationType.Q6_K
+    return {"token_embd": q6} | {f"blk.{i}.{part}": q6 for i in range(layers) if more_bits(i)
+                                  for part in ("attn_v", "ffn_down")}
 
 
 def _copy_tokenizer(writer: GGUFWriter) -> int:
@@ -70,7 +83,7 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.ran
 def write_random_llama_gguf(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int = 0,
                             types: dict[str, GGMLQuantizationType] | None = None) -> None:
     """A llama GGUF of shape `s` (SHAPE's keys) with random `qtype` weights and the default model's tokenizer;
-    `types` overrides the type of tensors by their part name (token_embd, attn_q, ..., ffn_down)."""
+    `types` overrides the type of tensors by name (blk.3.attn_v) or part name (token_embd, attn_q, ..., ffn_down)."""
     _write(path, qtype, s, seed, types or {})
 
 
@@ -92,7 +105,7 @@ def _write(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int
     writer.add_vocab_size(vocab)
 
     def weight(name: str, rows: int, cols: int) -> None:
-        kind = types.get(name.split(".")[-2], qtype)
+        kind = types.get(name.removesuffix(".weight"), types.get(name.split(".")[-2], qtype))
         writer.add_tensor(name, random_blocks(kind, rows, cols, rng), raw_dtype=kind)
 
     weight("token_embd.weight", vocab, s["hidden"])

@@ -16,7 +16,7 @@ import torch
 
 from kev.model.attention import PagedKVLayer, prefill_kernel_applies
 from kev.model.linear import GemmWeight, Linear
-from kev.model.quant_weight import QuantWeight
+from kev.model.quant_weight import QuantLinear, QuantWeight, quant_parts
 from kev.model.step_metadata import StepMetadata
 
 if TYPE_CHECKING:
@@ -35,10 +35,11 @@ class LayerParts:
 
 @dataclass(frozen=True)
 class FusedLayers:
-    weights: list[torch.Tensor]  # per layer: input norm, qkv, o, post-attention norm, gate_up, down
-    biases: list[torch.Tensor | None]  # per layer: qkv, o, gate_up, down (fp32, padded) or None
+    weights: list[torch.Tensor]  # per layer: input norm, qkv, o, post-attention norm, gate_up, down (as their parts)
+    parts: list[int]  # per layer: how many parts qkv, o, gate_up and down each have (QuantRows: several)
+    biases: list[torch.Tensor | None]  # per linear part (fp32, padded) or None
     scales: list[torch.Tensor | None]  # the same for int8 weights' per-column scales
-    out_features: list[int]  # qkv, o, gate_up, down
+    out_features: list[int]  # per linear part
     heads: int
     kv_heads: int
     head_dim: int
@@ -48,26 +49,31 @@ class FusedLayers:
     def build(model: LlamaModel) -> FusedLayers | None:
         """None where some layer cannot be fused (its own verdict) or some linear is not on Kev's GEMM."""
         weights: list[torch.Tensor] = []
-        biases: list[torch.Tensor | None] = []
-        scales: list[torch.Tensor | None] = []
-        out_features: list[int] = []
+        parts_of: list[int] = []
+        every_part: list[GemmWeight | QuantWeight] = []
         eps = 0.0
         for layer in model.layers:
             says = getattr(layer, "fusion_parts", None)  # a layer that does not say it can be fused is not
             parts: LayerParts | None = says() if says is not None else None
             if parts is None:
                 return None
-            gemms = [linear.packed for linear in parts.linears if isinstance(linear.packed, (GemmWeight, QuantWeight))]
-            if len(gemms) != len(parts.linears):
-                return None
-            qkv, o, gate_up, down = (p.packed if isinstance(p, GemmWeight) else p.cells for p in gemms)
-            weights += [parts.input_norm, qkv, o, parts.post_attention_norm, gate_up, down]
-            biases += [p.bias for p in gemms]
-            scales += [p.scale for p in gemms]
-            out_features = [p.out_features for p in gemms]
+            linears: list[list[GemmWeight | QuantWeight]] = []
+            for linear in parts.linears:
+                packed = linear.packed
+                if isinstance(packed, QuantLinear):
+                    linears.append(list(quant_parts(packed)))
+                elif isinstance(packed, GemmWeight):
+                    linears.append([packed])
+                else:
+                    return None
+            qkv, o, gate_up, down = ([p.packed if isinstance(p, GemmWeight) else p.cells for p in ps] for ps in linears)
+            weights += [parts.input_norm, *qkv, *o, parts.post_attention_norm, *gate_up, *down]
+            parts_of += [len(ps) for ps in linears]
+            every_part += [p for ps in linears for p in ps]
             eps = parts.eps
         cfg = model.config
-        return FusedLayers(weights, biases, scales, out_features, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps)
+        return FusedLayers(weights, parts_of, [p.bias for p in every_part], [p.scale for p in every_part],
+                           [p.out_features for p in every_part], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps)
 
     def run(self, x: torch.Tensor, meta: StepMetadata, caches: list[PagedKVLayer], cos: torch.Tensor,
             sin: torch.Tensor) -> torch.Tensor | None:
@@ -78,6 +84,7 @@ class FusedLayers:
         if batch is None or prompt_rows:
             return None
         return torch.ops.kev.decoder_layers(
-            x, self.weights, self.biases, self.scales, [cache.kv for cache in caches], self.out_features, cos, sin,
-            meta.positions, meta.token_rows, meta.slot_mapping, meta.padding_rows, batch.rows, batch.kv_slots,
-            batch.starts, batch.lengths, self.heads, self.kv_heads, self.head_dim, self.eps, self.head_dim ** -0.5)
+            x, self.weights, self.biases, self.scales, [cache.kv for cache in caches], self.parts, self.out_features,
+            cos, sin, meta.positions, meta.token_rows, meta.slot_mapping, meta.padding_rows, batch.rows,
+            batch.kv_slots, batch.starts, batch.lengths, self.heads, self.kv_heads, self.head_dim, self.eps,
+            self.head_dim ** -0.5)

@@ -3,14 +3,17 @@
 Each linear weight of type Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K becomes a QuantWeight (model/quant_weight.py,
 model/kquant.py): the same quants and scales (and mins), repacked for the kernel, about the file's bytes. Rows of q
 and k are unpermuted and the q/k/v and gate/up parts concatenated by rows, which moves whole blocks and changes no
-value. A tensor of another type (Q5_0, Q2_K, F16, ...) is dequantized to the compute dtype with a one-line notice
-naming it, and so is a fused weight whose parts differ in type. Norms are read as the file has them (F32).
+value; a fused weight whose parts differ in type (a Q4_K_M file's Q6_K v beside Q4_K q and k) is held as row parts,
+one QuantWeight per run of one type (QuantRows). A tensor of another type (Q5_0, Q2_K, F16, ...) is dequantized to
+the compute dtype with a one-line notice naming it, and so is a fused weight with such a part. Norms are read as the
+file has them (F32).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from functools import partial
+from itertools import groupby
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from torch import nn
 from kev.model.gguf_convert import _dequantize, hf_name, unpermute
 from kev.model import kquant
 from kev.model.linear import Linear
-from kev.model.quant_weight import BLOCK, Kind, QuantWeight, pack, pack_k
+from kev.model.quant_weight import BLOCK, Kind, QuantLinear, QuantRows, QuantWeight, pack, pack_k
 
 log = logging.getLogger("kev.model")
 
@@ -107,22 +110,33 @@ def read_gguf(path: Path, n_head: int, n_kv: int) -> tuple[dict[str, torch.Tenso
     return dense, blocks
 
 
-def _fuse(name: str, parts: list[str], dense: dict[str, torch.Tensor], blocks: dict[str, Blocks]) -> None:
-    """Concatenate the parts of a fused linear by rows: in blocks where all parts share one type, else dense."""
+def _fuse(name: str, parts: list[str], dense: dict[str, torch.Tensor], blocks: dict[str, Blocks],
+          mixed: dict[str, list[Blocks]]) -> None:
+    """Concatenate the parts of a fused linear by rows: in blocks where all parts share one type; where all are held
+    but types differ, as row parts of each run of one type (`mixed`); else dense."""
     held = [blocks.get(p) for p in parts]
     got = [h for h in held if h is not None]
-    if len(got) == len(held) and len({h.kind for h in got}) == 1:
-        blocks[name] = Blocks(got[0].kind, got[0].type_name,
-                              {part: np.concatenate([h.parts[part] for h in got]) for part in got[0].parts})
+    if len(got) == len(held) and len({h.kind for h in got}) > 1:
+        runs = [list(run) for _, run in groupby(got, key=lambda h: h.kind)]
+        mixed[name] = [_concat(run) for run in runs]
+    elif len(got) == len(held):
+        blocks[name] = _concat(got)
     else:
         for p, h in zip(parts, held):
             if h is not None:
-                log.info("GGUF weight %s is %s but its fused neighbours differ: dequantized to the compute dtype",
+                log.info("GGUF weight %s is %s but a fused neighbour is not held in blocks: dequantized to the compute "
+                         "dtype",
                          p, h.type_name)
                 dense[p] = dequantized(h)
         dense[name] = torch.cat([dense.pop(p) for p in parts])
     for p in parts:
         blocks.pop(p, None)
+
+
+def _concat(held: list[Blocks]) -> Blocks:
+    """Blocks of one type stacked by rows (whole blocks move; no value changes)."""
+    return Blocks(held[0].kind, held[0].type_name,
+                  {part: np.concatenate([h.parts[part] for h in held]) for part in held[0].parts})
 
 
 def dequantized(b: Blocks) -> torch.Tensor:
@@ -139,27 +153,28 @@ def attach_gguf(model: nn.Module, path: Path, num_layers: int, n_head: int, n_kv
     """Give every Linear of `model` its GGUF blocks (emptying its weight); returns the other tensors (fp32) for
     load_state_dict, Kev's fused names."""
     dense, blocks = read_gguf(path, n_head, n_kv)
+    mixed: dict[str, list[Blocks]] = {}
     for layer in range(num_layers):
         for fused, parts in _FUSED.items():
             prefix = f"layers.{layer}."
             for suffix in (".weight", ".bias"):
                 names = [prefix + p + suffix for p in parts]
                 if any(n in dense or n in blocks for n in names):
-                    _fuse(prefix + fused + suffix, names, dense, blocks)
+                    _fuse(prefix + fused + suffix, names, dense, blocks, mixed)
     if tied:
         dense.pop("lm_head.weight", None)
         blocks.pop("lm_head.weight", None)
     for name, module in model.named_modules():
         key = name + ".weight"
-        if isinstance(module, Linear) and key in blocks:
-            module.packed = blocks.pop(key).to_weight()
+        if isinstance(module, Linear) and (key in blocks or key in mixed):
+            module.packed = blocks.pop(key).to_weight() if key in blocks else \
+                QuantRows([b.to_weight() for b in mixed.pop(key)])
             module.weight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
     return dense
 
 
 def finish_quant_biases(model: nn.Module) -> None:
-    """A quantized linear's bias (fp32, padded) goes with its blocks, which the kernel adds."""
+    """A quantized linear's bias goes with its blocks, which the kernel adds."""
     for module in model.modules():
-        if isinstance(module, Linear) and isinstance(module.packed, QuantWeight) and module.bias is not None:
-            pad = module.packed.cells.shape[0] * 16 - module.out_features
-            module.packed.bias = nn.functional.pad(module.bias.detach().float(), (0, pad)).contiguous()
+        if isinstance(module, Linear) and isinstance(module.packed, QuantLinear) and module.bias is not None:
+            module.packed.set_bias(module.bias)

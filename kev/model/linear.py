@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kev.model.quant_weight import QuantWeight
+from kev.model.quant_weight import QuantLinear
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
@@ -135,13 +135,13 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.scale: torch.Tensor | None = None
-        self.packed: PackedWeight | GemmWeight | QuantWeight | None = None
+        self.packed: PackedWeight | GemmWeight | QuantLinear | None = None
 
     def prepack(self, rows_hint: int, kev_gemm: bool) -> None:
         """Pack for the CPU kernel. Kev's GEMM packing replaces the plain weight (one copy held); packing again
         (another engine on the same model) keeps it, or unpacks it first for another kernel. Quantized blocks
         (core.precision gguf, w8a8) are the only copy and run on their own kernel: kept as they are."""
-        if isinstance(self.packed, QuantWeight):
+        if isinstance(self.packed, QuantLinear):
             return
         if isinstance(self.packed, GemmWeight):
             if kev_gemm:
@@ -163,7 +163,7 @@ class Linear(nn.Module):
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows `ids` of W in dtype (an embedding lookup): int8 rows times their scale, quantized blocks
         dequantized."""
-        if isinstance(self.packed, QuantWeight):
+        if isinstance(self.packed, QuantLinear):
             return self.packed.rows(ids).to(dtype)
         rows = self.packed.rows(ids) if isinstance(self.packed, GemmWeight) else self.weight[ids]
         if self.scale is None:
@@ -172,7 +172,7 @@ class Linear(nn.Module):
 
     def full_weight(self) -> torch.Tensor:
         """W [out, in] in fp32, dequantized and unpacked (a copy: for start-up work such as the router's table)."""
-        if isinstance(self.packed, QuantWeight):
+        if isinstance(self.packed, QuantLinear):
             return self.packed.unpack()
         weight = self.packed.unpack() if isinstance(self.packed, GemmWeight) else self.weight
         return weight.float() * self.scale[:, None] if self.scale is not None else weight.float()

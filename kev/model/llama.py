@@ -19,7 +19,7 @@ from kev.model.row_invariance import Multiply
 from kev.model.step_metadata import StepMetadata
 from kev.model.fused_layers import FusedLayers, LayerParts
 from kev.model.linear import GemmWeight, Linear
-from kev.model.quant_weight import QuantWeight, active_path
+from kev.model.quant_weight import QuantLinear, active_path, quant_parts
 
 
 class RMSNorm(nn.Module):
@@ -187,7 +187,7 @@ class LlamaModel(nn.Module):
                 tensors.append(module.scale)
                 if isinstance(module.packed, GemmWeight):
                     tensors += [module.packed.packed, module.packed.bias, module.packed.scale]
-                if isinstance(module.packed, QuantWeight):
+                if isinstance(module.packed, QuantLinear):
                     tensors += module.packed.tensors()
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                     for t in tensors if t is not None and t.numel()}
@@ -233,8 +233,8 @@ class LlamaModel(nn.Module):
     def weight_numerics(self) -> str:
         """How linear weights enter the sums: their dtype, and where some are quantized blocks (core.precision
         gguf, w8a8) every block format held and the quantized kernel's instruction-set path."""
-        quants = sorted({m.packed.type_name for m in self.modules()
-                         if isinstance(m, Linear) and isinstance(m.packed, QuantWeight)})
+        quants = sorted({part.type_name for m in self.modules() if isinstance(m, Linear)
+                         and isinstance(m.packed, QuantLinear) for part in quant_parts(m.packed)})
         dtype = str(self.first_blocks()[0].qkv_proj.weight.dtype)
         return f"{dtype}+{','.join(quants)}@kev-quant-{active_path()}" if quants else dtype
 

@@ -119,6 +119,11 @@ class QuantWeight:
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.cells, self.scale, self.bias) if t is not None]
 
+    def set_bias(self, bias: torch.Tensor) -> None:
+        """The bias [out_features], which the kernel adds: fp32, padded to the cells' columns."""
+        pad = self.cells.shape[0] * COLS - self.out_features
+        self.bias = torch.nn.functional.pad(bias.detach().float(), (0, pad)).contiguous()
+
     def nbytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for t in self.tensors())
 
@@ -164,6 +169,56 @@ class QuantWeight:
         w = picked.unpack() if self.scale is None else picked.unscaled()
         w = w.view(ids.numel(), COLS, self.in_features)[torch.arange(ids.numel()), ids % COLS]
         return w * self.scale[ids, None] if self.scale is not None else w
+
+
+@dataclass
+class QuantRows:
+    """A linear whose output rows come in parts of different block types, each its own QuantWeight: a Q4_K_M file's
+    fused q/k/v (Q4_K q and k beside a Q6_K v in some layers). The result is the parts' outputs side by side; a
+    column's value depends on its own part alone, so the bits are those of the parts run one by one."""
+
+    parts: list[QuantWeight]
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    @property
+    def in_features(self) -> int:
+        return self.parts[0].in_features
+
+    @property
+    def type_name(self) -> str:
+        return "+".join(p.type_name for p in self.parts)
+
+    @property
+    def kernel(self) -> str:
+        return self.parts[0].kernel
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for p in self.parts for t in p.tensors()]
+
+    def unpack(self) -> torch.Tensor:
+        return torch.cat([p.unpack() for p in self.parts])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.unpack()[ids]
+
+    def set_bias(self, bias: torch.Tensor) -> None:
+        """The linear's bias [out_features] split over the parts (fp32, each padded to its cells)."""
+        for part, piece in zip(self.parts, bias.detach().float().split([p.out_features for p in self.parts])):
+            part.set_bias(piece)
+
+
+QuantLinear = QuantWeight | QuantRows  # what a quantized Linear holds
+
+
+def quant_parts(packed: QuantLinear) -> list[QuantWeight]:
+    """A quantized weight's single-type parts: itself, or a QuantRows' parts."""
+    return packed.parts if isinstance(packed, QuantRows) else [packed]
 
 
 def _per_block(t: torch.Tensor, rows: int) -> torch.Tensor:

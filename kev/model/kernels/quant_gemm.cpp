@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,61 +54,117 @@ namespace {
 
 constexpr int kCols = 16;     // output columns per packed block
 constexpr int kBlockK = 32;   // k per quant block
-constexpr int kMaxRows = 4;   // rows per register tile
-constexpr int kMaxBlocks = 8; // column blocks per register tile
+constexpr int kMaxRows = 4;   // rows per AVX2 register tile
+constexpr int kMaxBlocks = 4; // column blocks per AVX2 register tile
+constexpr int kRows512 = 8;   // rows per AVX-512 register tile (one column block)
+constexpr int kBlocks512 = 8; // column blocks per AVX-512 tile of one or two rows
 
 // Q4: q - 8 (Q4_0); Q4Min: d·q + m (Q4_1); K-quants (model/kquant.py): Q4K / Q5K d·sc·q - dmin·m with q 0..15 /
 // 0..31, Q6K d·sc·(q - 32) with q 0..63 and one int8 sc per 16 k.
 enum Kind : int64_t { kQ8 = 0, kQ4 = 1, kQ4Min = 2, kQ4K = 3, kQ5K = 4, kQ6K = 5 };
 enum Path : int64_t { kAuto = 0, kAvx512 = 1, kAvx2 = 2 };
 
-// One row quantized: q (int8) and q + 128 (as bytes, for Q8 weights where the activation is vpdpbusd's unsigned
-// side), per block the scale, the sum of q and the scaled sum, and the sums of each 16-k half (Q6K's sub-blocks).
-struct RowsQ {
-  std::vector<int8_t> q;
-  std::vector<uint8_t> u;
-  std::vector<float> dx, sx;
-  std::vector<int32_t> qsum, qsum16;
+// The rows quantized. Rows come in groups of kRows512 (a register tile's rows), each group block by block: a block's
+// values of the group's rows lie side by side, so a tile reads them at fixed offsets from one pointer. Per row and
+// block (at slot(m, b)): q (int8) and q + 128 (as bytes, for Q8 weights where the activation is vpdpbusd's unsigned
+// side), the scale dx, the sum of q (exact, and as fp32), sx = dx · float(Σq), the sums of each 16-k half (Q6K's
+// sub-blocks), and the integer sums' starting values -8·Σq (Q4) and -32·Σq per half (Q6K).
+// A buffer left uninitialised (every slot a tile reads is written first; zeroing it cost a tenth of a call).
+template <class T>
+struct Buffer {
+  std::unique_ptr<T[]> p;
+  void allocate(int64_t n) { p.reset(new T[n]); }
+  T* data() const { return p.get(); }
+  T& operator[](int64_t i) const { return p[i]; }
 };
 
-// Scalar on purpose: the rounding (nearbyint under the default round-to-nearest-even mode) and the divisions must be
-// exactly what the torch fallback does, and quantizing is O(M·K) against the GEMM's O(M·N·K).
-void quantize_row(const float* x, int64_t k, int8_t* q, uint8_t* u, float* dx, float* sx, int32_t* qsum,
-                  int32_t* qsum16) {
-  for (int64_t b = 0; b < k / kBlockK; ++b) {
-    const float* xb = x + b * kBlockK;
-    float amax = 0.0f;
+struct RowsQ {
+  int64_t kblocks = 0;
+  Buffer<int8_t> q;
+  Buffer<uint8_t> u;
+  Buffer<float> dx, sx, fsum;
+  Buffer<int32_t> qsum, qsum16, q4start, q6start;
+  int64_t slot(int64_t m, int64_t b) const { return ((m / kRows512) * kblocks + b) * kRows512 + m % kRows512; }
+  const int8_t* quants(int64_t m, int64_t b) const { return q.data() + slot(m, b) * kBlockK; }
+
+  // Block b of row m, from its scale and its 32 quants.
+  void store(int64_t m, int64_t b, float d, const int32_t* v) {
+    const int64_t at = slot(m, b);
+    int32_t half[2] = {0, 0};
+    for (int i = 0; i < kBlockK; ++i) {
+      q[at * kBlockK + i] = static_cast<int8_t>(v[i]);
+      u[at * kBlockK + i] = static_cast<uint8_t>(v[i] + 128);
+      half[i / 16] += v[i];
+    }
+    store_sums(at, d, half);
+  }
+  // The block's scale and sums, from the sums of its 16-k halves.
+  void store_sums(int64_t at, float d, const int32_t (&half)[2]) {
+    const int32_t sum = half[0] + half[1];
+    dx[at] = d;
+    qsum[at] = sum, fsum[at] = static_cast<float>(sum), sx[at] = d * static_cast<float>(sum);
+    qsum16[2 * at] = half[0], qsum16[2 * at + 1] = half[1];
+    q4start[at] = -8 * sum;
+    q6start[2 * at] = -32 * half[0], q6start[2 * at + 1] = -32 * half[1];
+  }
+};
+
+// Each block of a row: dx = max|x| / 127, q = round-to-nearest-even(x · (1 / dx)). The arithmetic (an exact max, an
+// IEEE division, reciprocal and product, rounding under the default round-to-nearest-even mode) is what torch's
+// fallback does, so vector and scalar code give the same q and dx.
+#if KEV_QUANT_AVX512
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {  // bf16 to fp32 is exact: the 16 bits above 16 zero bits
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+template <class T>
+void quantize_row(RowsQ& r, const T* x, int64_t m) {
+  for (int64_t b = 0; b < r.kblocks; ++b) {
+    const __m512 x0 = load16(x + b * kBlockK), x1 = load16(x + b * kBlockK + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const float d = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    const __m512i v0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id)), v1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
+    const int64_t at = r.slot(m, b);
+    const __m256i q = _mm256_set_m128i(_mm512_cvtepi32_epi8(v1), _mm512_cvtepi32_epi8(v0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.q.data() + at * kBlockK), q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.u.data() + at * kBlockK),
+                        _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))));  // q + 128 as a byte
+    r.store_sums(at, d, {_mm512_reduce_add_epi32(v0), _mm512_reduce_add_epi32(v1)});
+  }
+}
+#else
+template <class T>
+void quantize_row(RowsQ& r, const T* x, int64_t m) {
+  for (int64_t b = 0; b < r.kblocks; ++b) {
+    float xb[kBlockK], amax = 0.0f;
+    for (int i = 0; i < kBlockK; ++i) xb[i] = static_cast<float>(x[b * kBlockK + i]);
     for (int i = 0; i < kBlockK; ++i) amax = std::max(amax, std::fabs(xb[i]));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int32_t sum = 0, half[2] = {0, 0};
-    for (int i = 0; i < kBlockK; ++i) {
-      const float scaled = xb[i] * id;
-      const int32_t v = static_cast<int32_t>(std::nearbyint(scaled));
-      q[b * kBlockK + i] = static_cast<int8_t>(v);
-      u[b * kBlockK + i] = static_cast<uint8_t>(v + 128);
-      sum += v;
-      half[i / 16] += v;
-    }
-    dx[b] = d;
-    qsum[b] = sum;
-    qsum16[2 * b] = half[0], qsum16[2 * b + 1] = half[1];
-    sx[b] = d * static_cast<float>(sum);
+    int32_t v[kBlockK];
+    for (int i = 0; i < kBlockK; ++i) v[i] = static_cast<int32_t>(std::nearbyint(xb[i] * id));
+    r.store(m, b, d, v);
   }
 }
+#endif
 
 RowsQ quantize_rows(const at::Tensor& x) {
   const int64_t rows = x.size(0), k = x.size(1), blocks = k / kBlockK;
-  const at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
-  const float* xp = xf.data_ptr<float>();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const at::Tensor xf = bf16 || x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   RowsQ r;
-  r.q.resize(rows * k), r.u.resize(rows * k);
-  r.dx.resize(rows * blocks), r.sx.resize(rows * blocks), r.qsum.resize(rows * blocks);
-  r.qsum16.resize(2 * rows * blocks);
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m)
-      quantize_row(xp + m * k, k, r.q.data() + m * k, r.u.data() + m * k, r.dx.data() + m * blocks,
-                   r.sx.data() + m * blocks, r.qsum.data() + m * blocks, r.qsum16.data() + 2 * m * blocks);
+  r.kblocks = blocks;
+  const int64_t slots = (rows + kRows512 - 1) / kRows512 * kRows512 * blocks;  // the last group padded
+  r.q.allocate(slots * kBlockK), r.u.allocate(slots * kBlockK);
+  r.dx.allocate(slots), r.sx.allocate(slots), r.fsum.allocate(slots), r.qsum.allocate(slots);
+  r.q4start.allocate(slots), r.qsum16.allocate(2 * slots), r.q6start.allocate(2 * slots);
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      if (bf16) quantize_row(r, xf.data_ptr<at::BFloat16>() + m * k, m);
+      else quantize_row(r, xf.data_ptr<float>() + m * k, m);
+    }
   });
   return r;
 }
@@ -168,10 +225,9 @@ Layout layout_of(int64_t cell_bytes) {
   }
 }
 
-struct Acts {
-  const RowsQ* r;
-  int64_t k, kblocks;
-};
+
+// One register tile: rows row0.. × column blocks block0.. (how many: the template's).
+using TileFn = void (*)(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, float* out);
 
 #if KEV_QUANT_AVX2
 // The high quant bits of group g (steps 2g, 2g + 1) at bit 4: Q5K's bit 4 (a byte holds 8 steps of its position, step
@@ -195,154 +251,179 @@ inline __m256i to_bit4(__m256i v, int bit, bool six) {
 #endif
 
 #if KEV_QUANT_AVX512
-// Q6K: one 16-k half's exact integer sum times its int8 scale, sc·(isum - 32·qsum16), into `into` (may be isum).
-template <int MR, int NB>
-inline void half512(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, int64_t b, int h,
-                    __m512i (&isum)[MR][NB], __m512i (&into)[MR][NB]) {
-  const int64_t kblocks = w.kblocks;
-  for (int j = 0; j < NB; ++j) {
-    const uint8_t* sc = w.ksc(w.cell(block0 + j, b)) + 16 * h;
-    const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
-    for (int r = 0; r < MR; ++r) {
-      const __m512i c = _mm512_set1_epi32(32 * rq.qsum16[(row0 + r) * 2 * kblocks + 2 * b + h]);
-      into[r][j] = _mm512_mullo_epi32(_mm512_sub_epi32(isum[r][j], c), scale);
-    }
-  }
+inline __m512 half16(const uint16_t* p) {  // 16 fp16 values as fp32
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 widen16(const uint8_t* p) {  // 16 uint8 values as fp32
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
+inline __m512i bcast4(const void* p) {  // 4 bytes at p in every lane (vpdpbusd's broadcast operand)
+  return _mm512_set1_epi32(*static_cast<const unaligned_i32*>(p));
 }
 
-// K-quants' fp32 steps for block b (model/kquant.py): Q4K / Q5K acc += ((float(isum)·D) - (float(qsum)·M))·dx with
-// D = d·sc and M = dmin·m exact; Q6K acc += (float(I)·d)·dx.
-template <int MR, int NB>
-inline void ksteps512(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, int64_t b,
-                      __m512i (&isum)[MR][NB], __m512 (&acc)[MR][NB]) {
-  const int64_t kblocks = w.kblocks;
-  for (int j = 0; j < NB; ++j) {
-    const uint16_t* dd = w.kd(block0 + j, b);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dd)));
-    if (w.kind == kQ6K) {
-      for (int r = 0; r < MR; ++r) {
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][j]), d);
-        acc[r][j] = _mm512_add_ps(acc[r][j], _mm512_mul_ps(f, _mm512_set1_ps(rq.dx[(row0 + r) * kblocks + b])));
-      }
-      continue;
-    }
-    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dd + 16)));
-    const uint8_t* sc = w.ksc(w.cell(block0 + j, b));
-    const auto widen = [](const uint8_t* p) {
-      return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-    };
-    const __m512 dsc = _mm512_mul_ps(widen(sc), d), mmin = _mm512_mul_ps(widen(sc + 16), dmin);
-    for (int r = 0; r < MR; ++r) {
-      const int64_t at = (row0 + r) * kblocks + b;
-      const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(static_cast<float>(rq.qsum[at])), mmin);
-      const __m512 f = _mm512_sub_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(isum[r][j]), dsc), sums);
-      acc[r][j] = _mm512_add_ps(acc[r][j], _mm512_mul_ps(f, _mm512_set1_ps(rq.dx[at])));
-    }
-  }
-}
-
-// Register tile: MR rows × NB column blocks, every k block in order. Within a k block all MR × NB integer sums are
-// independent chains (integer addition is exact, so how the 8 steps are chained cannot change a sum); the fp32
-// steps then run per element in the fixed order described above.
-template <int NB, int MR>
-void tile512(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
-  __m512 acc[MR][NB];
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+// Group g (k steps 2g, 2g + 1) of a 4-bit or K-quant sub-cell: each weight as one unsigned byte (K-quants: with its
+// high bits at 4 and 5), the 16 columns × 4 k of step 2g in lo, of step 2g + 1 in hi.
+template <Kind K>
+inline void unpack_group(const uint8_t* sub, int g, __m512i& lo, __m512i& hi) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const RowsQ& rq = *a.r;
-  for (int64_t b = 0; b < a.kblocks; ++b) {
-    __m512i isum[MR][NB];
+  const __m512i raw = _mm512_loadu_si512(sub + g * 64);
+  lo = _mm512_and_si512(raw, low4);
+  hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+  if constexpr (K == kQ5K || K == kQ6K) {
+    constexpr bool six = K == kQ6K;
+    const __m512i v = _mm512_loadu_si512(high_bits_at(sub, g, six));
+    const int bit = high_bit(g, six);
+    lo = _mm512_or_si512(lo, to_bit4(v, bit, six));
+    hi = _mm512_or_si512(hi, to_bit4(v, bit + (six ? 2 : 1), six));
+  }
+}
+
+// The activation operand of block_sums: dword i (k 4i..4i + 3) of row r's block, broadcast (Q8 weights: q + 128,
+// else q). Held: loaded once for a tile's several column blocks; else a load at each use.
+template <Kind K, int MR, bool Held>
+struct BlockActs {
+  const uint8_t* p;
+  __m512i held[Held ? MR : 1][Held ? 8 : 1];
+  BlockActs(const RowsQ& rq, int64_t at)
+      : p(K == kQ8 ? rq.u.data() + at * kBlockK : reinterpret_cast<const uint8_t*>(rq.q.data()) + at * kBlockK) {
+    if constexpr (Held)
+      for (int r = 0; r < MR; ++r)
+        for (int i = 0; i < 8; ++i) held[r][i] = bcast4(p + r * kBlockK + 4 * i);
+  }
+  __m512i operator()(int r, int i) const {
+    if constexpr (Held) return held[r][i];
+    return bcast4(p + r * kBlockK + 4 * i);
+  }
+  // acc += u · (signed) dword i of row r. Not held, the dword is vpdpbusd's own broadcast operand ({1to16}): GCC
+  // does not fold the intrinsic's broadcast into it, and the separate vpbroadcastd costs 3-6% at 16-64 rows.
+  void dot(__m512i& acc, __m512i u, int r, int i) const {
+    if constexpr (Held) {
+      acc = _mm512_dpbusd_epi32(acc, u, held[r][i]);
+    } else {
+      const auto* at = static_cast<const unaligned_i32*>(static_cast<const void*>(p + r * kBlockK + 4 * i));
+      asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*at));
+    }
+  }
+};
+
+// The MR rows' exact int32 dot products with one column block's 32-k sub-cell `qs` (k block b): Q8 (q + 128)·w -
+// 128·Σw; Q4 q·x - 8·Σx; Q4Min and Q4K / Q5K q·x; Q6K sc₀(isum₀ - 32·Σx₀) + sc₁(isum₁ - 32·Σx₁) over its 16-k halves.
+// Integer sums are exact, so where a correction enters (as the starting value here) cannot change them.
+template <Kind K, int MR, class Acts512>
+inline void block_sums(const Weights& w, const RowsQ& rq, const uint8_t* qs, int64_t at, const Acts512& x,
+                       __m512i (&isum)[MR]) {
+  if constexpr (K == kQ8) {
+    const __m512i ws = _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.wsum(qs))));
+    const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(ws, 7));
+    for (int r = 0; r < MR; ++r) isum[r] = start;
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      const __m512i wv = _mm512_loadu_si512(qs + s * 64);
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], x(r, s), wv);
+    }
+  } else {
+    __m512i half0[K == kQ6K ? MR : 1];
+#pragma GCC unroll 16
     for (int r = 0; r < MR; ++r)
-      for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_setzero_si512();
-    const uint8_t* qs = w.cell(block0, b);
-    const int64_t stride = w.block_stride();  // to the next column block's cell of this k block
-    __m512i half0[MR][NB];  // Q6K: the first 16-k half's scaled sum
-    if (w.kind == kQ8) {  // (q + 128) · w, then - 128 · sum w
-      for (int s = 0; s < 8; ++s) {
-        __m512i xs[MR];
+      isum[r] = K == kQ4 ? _mm512_set1_epi32(rq.q4start[at + r])
+                         : K == kQ6K ? _mm512_set1_epi32(rq.q6start[2 * (at + r)]) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      if (K == kQ6K && g == 2) {  // the first 16-k half is complete: scale it, start the second
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.ksc(qs))));
+#pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
-          int32_t v;
-          std::memcpy(&v, rq.u.data() + (row0 + r) * a.k + b * kBlockK + s * 4, 4);
-          xs[r] = _mm512_set1_epi32(v);
-        }
-        for (int j = 0; j < NB; ++j) {
-          const __m512i wv = _mm512_loadu_si512(qs + j * stride + s * 64);
-          for (int r = 0; r < MR; ++r) isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], xs[r], wv);
+          half0[r] = _mm512_mullo_epi32(isum[r], sc);
+          isum[r] = _mm512_set1_epi32(rq.q6start[2 * (at + r) + 1]);
         }
       }
-      for (int j = 0; j < NB; ++j) {
-        const int16_t* ws = w.wsum(w.cell(block0 + j, b));
-        const __m512i c = _mm512_slli_epi32(_mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws))), 7);
-        for (int r = 0; r < MR; ++r) isum[r][j] = _mm512_sub_epi32(isum[r][j], c);
-      }
-    } else {  // q (0..15, unsigned side) · x
-      for (int g = 0; g < 4; ++g) {
-        if (w.kind == kQ6K && g == 2) {
-          half512<MR, NB>(w, rq, row0, block0, b, 0, isum, half0);
-          for (int r = 0; r < MR; ++r)
-            for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_setzero_si512();
-        }
-        int32_t x0[MR], x1[MR];
-        for (int r = 0; r < MR; ++r) {
-          const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
-          std::memcpy(&x0[r], xr, 4), std::memcpy(&x1[r], xr + 4, 4);
-        }
-        for (int j = 0; j < NB; ++j) {
-          const __m512i raw = _mm512_loadu_si512(qs + j * stride + g * 64);
-          __m512i lo = _mm512_and_si512(raw, low4);
-          __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-          if (w.plane_bytes()) {
-            const bool six = w.kind == kQ6K;
-            const __m512i v = _mm512_loadu_si512(high_bits_at(qs + j * stride, g, six));
-            const int bit = high_bit(g, six);
-            lo = _mm512_or_si512(lo, to_bit4(v, bit, six));
-            hi = _mm512_or_si512(hi, to_bit4(v, bit + (six ? 2 : 1), six));
-          }
-          for (int r = 0; r < MR; ++r) {
-            isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], lo, _mm512_set1_epi32(x0[r]));
-            isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], hi, _mm512_set1_epi32(x1[r]));
-          }
-        }
-      }
-      if (w.kind == kQ4)
-        for (int r = 0; r < MR; ++r) {
-          const __m512i c = _mm512_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8);
-          for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_sub_epi32(isum[r][j], c);
-        }
-      if (w.kind == kQ6K) {
-        half512<MR, NB>(w, rq, row0, block0, b, 1, isum, isum);
-        for (int r = 0; r < MR; ++r)
-          for (int j = 0; j < NB; ++j) isum[r][j] = _mm512_add_epi32(isum[r][j], half0[r][j]);
-      }
-    }
-    if (w.kquant()) {
-      ksteps512<MR, NB>(w, rq, row0, block0, b, isum, acc);
-      continue;
-    }
-    for (int j = 0; j < NB; ++j) {
-      const uint8_t* cell = w.cell(block0 + j, b);
-      const __m512 dw = w.has_d ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d(cell))))
-                                : _mm512_setzero_ps();
+      __m512i lo, hi;
+      unpack_group<K>(qs, g, lo, hi);
+#pragma GCC unroll 16
       for (int r = 0; r < MR; ++r) {
-        __m512 f = _mm512_cvtepi32_ps(isum[r][j]);
-        if (w.has_d) f = _mm512_mul_ps(f, dw);
-        f = _mm512_mul_ps(f, _mm512_set1_ps(rq.dx[(row0 + r) * a.kblocks + b]));
-        acc[r][j] = _mm512_add_ps(acc[r][j], f);
+        x.dot(isum[r], lo, r, 2 * g);
+        x.dot(isum[r], hi, r, 2 * g + 1);
       }
-      if (w.kind == kQ4Min) {
-        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m(cell))));
-        for (int r = 0; r < MR; ++r)
-          acc[r][j] = _mm512_add_ps(acc[r][j], _mm512_mul_ps(mw, _mm512_set1_ps(rq.sx[(row0 + r) * a.kblocks + b])));
+    }
+    if constexpr (K == kQ6K) {
+      const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.ksc(qs) + 16)));
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) isum[r] = _mm512_add_epi32(_mm512_mullo_epi32(isum[r], sc), half0[r]);
+    }
+  }
+}
+
+// The fp32 steps of k block b for column block `block`, per element in the fixed order of the file's head comment:
+// acc += (float(isum)·d)·dx (Q4Min: then += m·sx); Q4K / Q5K acc += ((float(isum)·D) - (float(Σx)·M))·dx with D =
+// d·sc and M = dmin·m exact (model/kquant.py); Q6K acc += (float(isum)·d)·dx.
+template <Kind K, int MR>
+inline void block_steps(const Weights& w, const RowsQ& rq, const uint8_t* qs, int64_t block, int64_t b, int64_t at,
+                        const __m512i (&isum)[MR], __m512 (&acc)[MR]) {
+  const float* dx = rq.dx.data() + at;
+  if constexpr (K == kQ4K || K == kQ5K || K == kQ6K) {
+    const uint16_t* dd = w.kd(block, b);
+    const __m512 d = half16(dd);
+    if constexpr (K == kQ6K) {
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), d);
+        acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(f, _mm512_set1_ps(dx[r])));
       }
+    } else {
+      const uint8_t* sc = w.ksc(qs);
+      const __m512 dsc = _mm512_mul_ps(widen16(sc), d), mmin = _mm512_mul_ps(widen16(sc + 16), half16(dd + 16));
+      const float* fsum = rq.fsum.data() + at;
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) {
+        const __m512 sums = _mm512_mul_ps(_mm512_set1_ps(fsum[r]), mmin);
+        const __m512 f = _mm512_sub_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(isum[r]), dsc), sums);
+        acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(f, _mm512_set1_ps(dx[r])));
+      }
+    }
+  } else {
+    const __m512 dw = w.has_d ? half16(w.d(qs)) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      __m512 f = _mm512_cvtepi32_ps(isum[r]);
+      if (w.has_d) f = _mm512_mul_ps(f, dw);
+      acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(f, _mm512_set1_ps(dx[r])));
+    }
+    if constexpr (K == kQ4Min) {
+      const __m512 mw = half16(w.m(qs));
+      const float* sx = rq.sx.data() + at;
+#pragma GCC unroll 16
+      for (int r = 0; r < MR; ++r) acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(mw, _mm512_set1_ps(sx[r])));
+    }
+  }
+}
+
+// Register tile: MR rows × NB column blocks (16 columns each), every k block in order. A block's MR integer sums
+// live only while they are scaled, so the registers go to the accumulators: each weight block is loaded and unpacked
+// once for MR rows, each activation group is a broadcast operand of vpdpbusd. Few rows take several column blocks,
+// whose independent sums keep the multiply units busy while one row's weights stream in.
+template <Kind K, int MR, int NB>
+void tile512(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, float* out) {
+  __m512 acc[NB][MR];
+  for (int j = 0; j < NB; ++j)
+    for (int r = 0; r < MR; ++r) acc[j][r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < rq.kblocks; ++b) {
+    const int64_t at = rq.slot(row0, b);  // the group's rows side by side from here (row0 starts a group)
+    const BlockActs<K, MR, (NB > 1)> x(rq, at);
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      const uint8_t* qs = w.cell(block0 + j, b);
+      __m512i isum[MR];
+      block_sums<K, MR>(w, rq, qs, at, x, isum);
+      block_steps<K, MR>(w, rq, qs, block0 + j, b, at, isum, acc[j]);
     }
   }
   for (int j = 0; j < NB; ++j) {
     const int64_t col = (block0 + j) * kCols, left = w.out_features - col;
-    if (left <= 0) break;
     const __mmask16 mask = left >= kCols ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
     for (int r = 0; r < MR; ++r) {
-      __m512 v = acc[r][j];
+      __m512 v = acc[j][r];
       if (w.scale) v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scale + col));
       if (w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + col));
       _mm512_mask_storeu_ps(out + (row0 + r) * w.out_features + col, mask, v);
@@ -373,7 +454,7 @@ inline void ksteps256(const Weights& w, const RowsQ& rq, int64_t row0, const uin
   if (w.kind == kQ6K) {
     for (int r = 0; r < MR; ++r) {
       const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(isum[r]), d);
-      acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[(row0 + r) * kblocks + b])));
+      acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[rq.slot(row0 + r, b)])));
     }
     return;
   }
@@ -381,7 +462,7 @@ inline void ksteps256(const Weights& w, const RowsQ& rq, int64_t row0, const uin
   const __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load8(sc))), d);
   const __m256 mmin = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load8(sc + 16))), dmin);
   for (int r = 0; r < MR; ++r) {
-    const int64_t i = (row0 + r) * kblocks + b;
+    const int64_t i = rq.slot(row0 + r, b);
     const __m256 sums = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(rq.qsum[i])), mmin);
     const __m256 f = _mm256_sub_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(isum[r]), dsc), sums);
     acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[i])));
@@ -395,20 +476,19 @@ inline void half256(const Weights& w, const RowsQ& rq, int64_t row0, const uint8
   const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.ksc(cell) + 16 * h + at));
   const __m256i scale = _mm256_cvtepi8_epi32(raw);
   for (int r = 0; r < MR; ++r) {
-    const __m256i c = _mm256_set1_epi32(32 * rq.qsum16[(row0 + r) * 2 * w.kblocks + 2 * b + h]);
+    const __m256i c = _mm256_set1_epi32(32 * rq.qsum16[2 * rq.slot(row0 + r, b) + h]);
     into[r] = _mm256_mullo_epi32(_mm256_sub_epi32(isum[r], c), scale);
   }
 }
 
 // The same tile on 256 bits: each 16-column block is two halves of 8 columns, each half the same sums.
 template <int NB, int MR>
-void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+void tile256(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, float* out) {
   __m256 acc[MR][2 * NB];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 2 * NB; ++j) acc[r][j] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const RowsQ& rq = *a.r;
-  for (int64_t b = 0; b < a.kblocks; ++b) {
+  for (int64_t b = 0; b < rq.kblocks; ++b) {
     for (int j = 0; j < 2 * NB; ++j) {
       const uint8_t* cell = w.cell(block0 + j / 2, b);
       const uint8_t* qs = cell + (j % 2) * 32;
@@ -420,7 +500,7 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
           const __m256i wabs = _mm256_sign_epi8(wv, wv);
           for (int r = 0; r < MR; ++r) {
             int32_t xs;
-            std::memcpy(&xs, rq.q.data() + (row0 + r) * a.k + b * kBlockK + s * 4, 4);
+            std::memcpy(&xs, rq.quants(row0 + r, b) + s * 4, 4);
             isum[r] = dot4(isum[r], wabs, _mm256_sign_epi8(_mm256_set1_epi32(xs), wv));
           }
         }
@@ -444,7 +524,7 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
           }
           for (int r = 0; r < MR; ++r) {
             int32_t x0, x1;
-            const int8_t* xr = rq.q.data() + (row0 + r) * a.k + b * kBlockK + g * 8;
+            const int8_t* xr = rq.quants(row0 + r, b) + g * 8;
             std::memcpy(&x0, xr, 4), std::memcpy(&x1, xr + 4, 4);
             isum[r] = dot4(isum[r], lo, _mm256_set1_epi32(x0));
             isum[r] = dot4(isum[r], hi, _mm256_set1_epi32(x1));
@@ -452,7 +532,7 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
         }
         if (w.kind == kQ4)
           for (int r = 0; r < MR; ++r)
-            isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(rq.qsum[(row0 + r) * a.kblocks + b] * 8));
+            isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(rq.qsum[rq.slot(row0 + r, b)] * 8));
         if (w.kind == kQ6K) {
           half256<MR>(w, rq, row0, cell, (j % 2) * 8, b, 1, isum, isum);
           for (int r = 0; r < MR; ++r) isum[r] = _mm256_add_epi32(isum[r], half0[r]);
@@ -468,13 +548,13 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
       for (int r = 0; r < MR; ++r) {
         __m256 f = _mm256_cvtepi32_ps(isum[r]);
         if (w.has_d) f = _mm256_mul_ps(f, dw);
-        f = _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[(row0 + r) * a.kblocks + b]));
+        f = _mm256_mul_ps(f, _mm256_set1_ps(rq.dx[rq.slot(row0 + r, b)]));
         acc[r][j] = _mm256_add_ps(acc[r][j], f);
       }
       if (w.kind == kQ4Min) {
         const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m(cell) + at)));
         for (int r = 0; r < MR; ++r)
-          acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(mw, _mm256_set1_ps(rq.sx[(row0 + r) * a.kblocks + b])));
+          acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(mw, _mm256_set1_ps(rq.sx[rq.slot(row0 + r, b)])));
       }
     }
   }
@@ -494,27 +574,40 @@ void tile256(const Weights& w, const Acts& a, int64_t row0, int64_t block0, floa
 }
 #endif
 
-using TileFn = void (*)(const Weights&, const Acts&, int64_t, int64_t, float*);
 
-// The tile for (column blocks, rows) on a path; null when the path is not built.
-TileFn pick_tile(Path path, int nb, int mr) {
-#define KEV_ROW(fn, nb) {fn<nb, 1>, fn<nb, 2>, fn<nb, 3>, fn<nb, 4>}
-#define KEV_TILES(fn)                                                                                         \
-  {                                                                                                           \
-    static const TileFn table[kMaxBlocks][kMaxRows] = {KEV_ROW(fn, 1), KEV_ROW(fn, 2), KEV_ROW(fn, 3),          \
-                                                       KEV_ROW(fn, 4), KEV_ROW(fn, 5), KEV_ROW(fn, 6),          \
-                                                       KEV_ROW(fn, 7), KEV_ROW(fn, 8)};                         \
-    return table[nb - 1][mr - 1];                                                                             \
-  }
+// Rows and column blocks per register tile: the accumulators and integer sums must fit the 32 (AVX2: 16) vector
+// registers. AVX-512 gives them to rows (tile512); AVX2 keeps 4 rows × 2 blocks (each block two halves of 8 columns),
+// 4 blocks for one row.
+struct TileShape {
+  int rows, blocks;
+};
+TileShape tile_shape(Path path, int64_t rows) {
+  if (path == kAvx512) return rows < 3 ? TileShape{static_cast<int>(rows), kBlocks512} : TileShape{kRows512, 1};
+  return {kMaxRows, rows == 1 ? 4 : 2};
+}
+
+// The tile for (kind, column blocks, rows) on a path; null when the path is not built. AVX-512 has every row count
+// with one column block, and one or two rows with kBlocks512 (narrower tails run one block at a time).
+TileFn pick_tile(Path path, Kind kind, int nb, int mr) {
 #if KEV_QUANT_AVX512
-  if (path == kAvx512) KEV_TILES(tile512)
+#define KEV_ROWS(K)                                                                                                \
+  {tile512<K, 1, 1>, tile512<K, 2, 1>, tile512<K, 3, 1>, tile512<K, 4, 1>, tile512<K, 5, 1>, tile512<K, 6, 1>,    \
+   tile512<K, 7, 1>, tile512<K, 8, 1>, tile512<K, 1, kBlocks512>, tile512<K, 2, kBlocks512>}
+  static const TileFn table512[6][kRows512 + 2] = {KEV_ROWS(kQ8), KEV_ROWS(kQ4), KEV_ROWS(kQ4Min),
+                                                   KEV_ROWS(kQ4K), KEV_ROWS(kQ5K), KEV_ROWS(kQ6K)};
+#undef KEV_ROWS
+  if (path == kAvx512) {
+    if (nb == 1) return table512[kind][mr - 1];
+    return nb == kBlocks512 && mr <= 2 ? table512[kind][kRows512 + mr - 1] : nullptr;
+  }
 #endif
 #if KEV_QUANT_AVX2
-  if (path == kAvx2) KEV_TILES(tile256)
-#endif
-#undef KEV_TILES
+#define KEV_ROW(nb) {tile256<nb, 1>, tile256<nb, 2>, tile256<nb, 3>, tile256<nb, 4>}
+  static const TileFn table256[kMaxBlocks][kMaxRows] = {KEV_ROW(1), KEV_ROW(2), KEV_ROW(3), KEV_ROW(4)};
 #undef KEV_ROW
-  (void)nb, (void)mr;
+  if (path == kAvx2) return table256[nb - 1][mr - 1];
+#endif
+  (void)kind, (void)nb, (void)mr;
   return nullptr;
 }
 
@@ -551,26 +644,25 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   };
   TORCH_CHECK(has_d != (ptr(scale) != nullptr), "kev::quant_linear: a per-column scale exactly when cells have no d");
   const Path chosen = path == kAuto ? best_path() : static_cast<Path>(path);
-  TORCH_CHECK(pick_tile(chosen, 1, 1) != nullptr, "kev::quant_linear: path ", path, " is not built on this CPU");
+  TORCH_CHECK(pick_tile(chosen, static_cast<Kind>(kind), 1, 1) != nullptr, "kev::quant_linear: path ", path,
+              " is not built on this CPU");
   const Weights w{cells.data_ptr<uint8_t>(), cells.size(2), static_cast<Kind>(kind), has_d, ptr(scale), ptr(bias),
                   kblocks, out_features, layout.per_shift, layout.sub_bytes};
   const int64_t rows = x.size(0), blocks = (out_features + kCols - 1) / kCols;
   auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
   if (rows == 0) return out;
   const RowsQ rq = quantize_rows(x);
-  const Acts a{&rq, x.size(1), kblocks};
   float* op = out.data_ptr<float>();
   // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (w.block_stride() * (1 + rows / 4)));
-  // Tile shape: accumulators and integer sums of MR × NB blocks must fit the registers (AVX2 halves count twice).
-  // Q6K keeps a second integer sum per tile element (its first 16-k half).
-  const int wide = chosen == kAvx2 ? (rows == 1 ? 4 : 2) : rows == 1 ? 8 : rows == 2 ? 4 : w.kind == kQ6K ? 2 : 3;
+  const TileShape shape = tile_shape(chosen, rows);
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end;) {
-      const int nb = static_cast<int>(std::min<int64_t>(wide, end - block));
-      for (int64_t row0 = 0; row0 < rows; row0 += kMaxRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kMaxRows, rows - row0));
-        pick_tile(chosen, nb, mr)(w, a, row0, block, op);
+      // A tail narrower than the shape runs one block at a time (AVX2 has every width).
+      const int nb = end - block >= shape.blocks ? shape.blocks : chosen == kAvx2 ? static_cast<int>(end - block) : 1;
+      for (int64_t row0 = 0; row0 < rows; row0 += shape.rows) {
+        const int mr = static_cast<int>(std::min<int64_t>(shape.rows, rows - row0));
+        pick_tile(chosen, w.kind, nb, mr)(w, rq, row0, block, op);
       }
       block += nb;
     }
@@ -601,8 +693,11 @@ std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
   const RowsQ rq = quantize_rows(x);
   auto q = at::empty({x.size(0), x.size(1)}, x.options().dtype(at::kChar));
   auto dx = at::empty({x.size(0), x.size(1) / kBlockK}, x.options().dtype(at::kFloat));
-  std::memcpy(q.data_ptr<int8_t>(), rq.q.data(), rq.q.size());
-  std::memcpy(dx.data_ptr<float>(), rq.dx.data(), rq.dx.size() * sizeof(float));
+  for (int64_t m = 0; m < x.size(0); ++m)
+    for (int64_t b = 0; b < rq.kblocks; ++b) {
+      std::memcpy(q.data_ptr<int8_t>() + (m * rq.kblocks + b) * kBlockK, rq.quants(m, b), kBlockK);
+      dx.data_ptr<float>()[m * rq.kblocks + b] = rq.dx[rq.slot(m, b)];
+    }
   return {q, dx};
 }
 
