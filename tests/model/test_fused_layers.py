@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import kev
-from kev.model.fused_layers import FusedLayers
+from tests.model.fused_steps import counting_fused_steps
 
 QUESTIONS = ["Hi", "What is the capital of France? Answer in one word.", "写出一个Python快速排序示例",
              "List three prime numbers."]
@@ -26,19 +26,8 @@ def test_fused_layers_match_the_layer_loop(make_engine, precision):
     fused = model.fused_layers
     if fused is None:
         pytest.skip("Kev's GEMM is not available on this CPU: the layer loop is the only path")
-    used = []
-    run = FusedLayers.run
-
-    def counted(self, *args, **kwargs):
-        out = run(self, *args, **kwargs)
-        used.append(out is not None)
-        return out
-
-    FusedLayers.run = counted  # type: ignore[method-assign]  # count the steps the op took
-    try:
+    with counting_fused_steps() as used:
         with_op = answers(engine)
-    finally:
-        FusedLayers.run = run  # type: ignore[method-assign]
     assert any(used), "no step ran the fused op"
     model.fused_layers = None
     try:

