@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kev.batch.batch_config import BatchConfig
+from kev.config.batch_config import BatchConfig
 from kev.config.deploy_config import DeployConfig
 from kev.config.precision import pick_precision
 from kev.config.server_config import ServerConfig

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from kev.model.quant_weight import BLOCK, COLS, SUPER, Kind
+from kev.model.quant_format import BLOCK, COLS, SUPER, Kind
 
 # Per kind: bytes of one file super-block; (part, bytes) of one packed sub-cell and of the cell's tail.
 FILE_BYTES = {Kind.Q4_K: 144, Kind.Q5_K: 176, Kind.Q6_K: 210}

@@ -24,7 +24,7 @@ from kev.server.limits import Limits
 from kev.server.metrics import ServerMetrics
 from kev.server.oplog import log_access, log_banner
 from kev.server.registry import RequestRegistry, Tracked
-from kev.server.tenants import Tenants
+from kev.config.tenants import Tenants
 
 log = logging.getLogger("kev.server")
 

@@ -20,7 +20,7 @@ from kev.errors import KevError
 from kev.isolation.block_manager import BlockManager
 from kev.isolation.prefix_store import PrefixStore, prefix_key
 from kev.server.middleware import GateMiddleware
-from kev.server.tenants import OPERATOR, Caller, Tenants
+from kev.config.tenants import OPERATOR, Caller, Tenants
 
 
 # --- keys -> callers ------------------------------------------------------------------
