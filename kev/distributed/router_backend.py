@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.config import KevConfig
 from kev.distributed.answers import claim, read_answer
 from kev.distributed.directory import WorkerDirectory

@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kev.aggregator.ordering import order_results
-from kev.aggregator.result import Result
+from kev.results.ordering import order_results
+from kev.results.result import Result
 from kev.config import KevConfig
 from kev.router.placement import PartitionPlacer
 from kev.engine.embedder import MeanEmbedder

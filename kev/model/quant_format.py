@@ -1,4 +1,4 @@
-"""The quant format's kinds and sizes (kernels/quant_gemm.cpp reads the same numbers): a leaf that both
+"""The quant format's kinds and sizes (cpu_kernels/quant_gemm.cpp reads the same numbers): a leaf that both
 quant_weight.py (the packed weight) and kquant.py (K-quant super-blocks) stand on, so neither imports the other back."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ SUPER = 256  # k per K-quant super-block (one packed cell of Q4_K / Q5_K / Q6_K)
 
 
 class Kind(IntEnum):
-    """The quant layout (kernels/quant_gemm.cpp's Kind): Q8 int8 quants (Q8_0, w8a8); Q4 0..15 with w = d·(q - 8)
+    """The quant layout (cpu_kernels/quant_gemm.cpp's Kind): Q8 int8 quants (Q8_0, w8a8); Q4 0..15 with w = d·(q - 8)
     (Q4_0); Q4_MIN 0..15 with w = d·q + m (Q4_1)."""
 
     Q8 = 0

@@ -2,7 +2,7 @@
 
 A QuantWeight holds a linear layer's weight as GGUF's Q8_0 / Q4_0 / Q4_1 blocks hold it (32 k per block: quants,
 an fp16 scale d, Q4_1 an fp16 min m), or under w8a8 as int8 with one fp32 scale per output column, repacked once
-into the layout kernels/quant_gemm.cpp reads: 16 output columns × 32 k per cell, the same bytes per weight as the
+into the layout cpu_kernels/quant_gemm.cpp reads: 16 output columns × 32 k per cell, the same bytes per weight as the
 file; or as GGUF's K-quant super-blocks hold it (Q4_K / Q5_K / Q6_K, cells of 16 columns × 256 k: model/kquant.py).
 The kernel quantizes each row of x on its own (blocks of 32, as llama.cpp's q8 activations), sums each block's
 products exactly in int32 and scales in fp32 in a fixed order; `reference_linear` is the same math in torch ops
@@ -37,7 +37,7 @@ def active_path() -> str:
 
 def cell_layout(kind: Kind, has_d: bool) -> list[tuple[str, int]]:
     """The parts of one cell (16 columns × 32 k) in order, with their bytes: the kernel tells layouts apart by the
-    sum (kernels/quant_gemm.cpp's layout_of)."""
+    sum (cpu_kernels/quant_gemm.cpp's layout_of)."""
     parts = [("qs", 512 if kind == Kind.Q8 else 256)] + ([("d", 32)] if has_d else [])
     return parts + ([("m", 32)] if kind == Kind.Q4_MIN else []) + ([("wsum", 32)] if kind == Kind.Q8 else [])
 

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.sampling_params import SamplingParams
 from kev.server.answer_errors import BodyShape, answer_error, first_failure
 from kev.server.errors import ApiError, error_responses

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.requests import Request as HttpRequest
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.config import KevConfig
 from kev.engine.sampling_params import SamplingParams
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError, UnknownRequestError

@@ -10,7 +10,7 @@ from nats.aio.msg import Msg
 
 import kev
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import DeltaMessage, MalformedMessage, WorkerStatus, WorkItem, decode
 from kev.router.placement import PartitionPlacer
