@@ -1,4 +1,4 @@
-// Which 512-bit instructions the quantized GEMM (kev/model/kernels/quant_gemm.cpp) can issue side by side on this
+// Which 512-bit instructions the quantized GEMM (kev/model/cpu_kernels/quant_gemm.cpp) can issue side by side on this
 // CPU: each line runs 8 independent chains of `vpdpbusd` alone or paired 1:1 with another instruction, and prints
 // the vpdpbusd rate (billions a second a core; 64 int8 multiply-adds each). A pair that leaves the rate as it was
 // runs on other pipes; one that lowers it competes for vpdpbusd's.

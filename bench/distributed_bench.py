@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from kev.aggregator.load_report import percentile
+from kev.results.load_report import percentile
 from kev.distributed.nats_server import NatsServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Kev's GEMM (kev/model/kernels/linear_gemm.cpp) against oneDNN's prepacked path on the default model's
+"""Kev's GEMM (kev/model/cpu_kernels/linear_gemm.cpp) against oneDNN's prepacked path on the default model's
 linear stack (30 layers' qkv / o / gate_up / down with distinct weights, so they stream from memory as in
 a real step, plus the tied lm_head), bf16, at M rows; also checks that Kev's rows never depend on M.
 
@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from kev.model.kernels import load_cpu_kernels
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.linear import GemmWeight, PackedWeight, can_use_kev_gemm
 from kev.model.model_store import cache_root
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kev's CUDA step, one prepared run of at most 8 minutes on a GPU machine (issue 29):
-#  1. Kev's Triton kernels compiled and tested on the GPU (tests/model/cuda with KEV_TEST_DEVICE=cuda: each kernel
+#  1. Kev's Triton kernels compiled and tested on the GPU (tests/model/triton with KEV_TEST_DEVICE=cuda: each kernel
 #     against its torch reference, batched == solo bit for bit);
 #  2. bench/gpu_step.py on random-weight Llama-1B and Llama-8B shapes, bf16, N = 1, 16, 64 questions of mixed prompt
 #     lengths (5-600 tokens), 128 new tokens: tokens/s, the decode step (a CUDA-graph replay) against the
@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [[ "${1:-}" == "--dry-run" ]]; then
-    python -m pytest -q -p no:cacheprovider tests/model/cuda 2>&1 | tail -n 3
+    python -m pytest -q -p no:cacheprovider tests/model/triton 2>&1 | tail -n 3
     exec python bench/gpu_step.py --dry-run
 fi
 out="${1:-bench/results}"
@@ -28,7 +28,7 @@ tokenizer=(${KEV_TOKENIZER:+--tokenizer "$KEV_TOKENIZER"})
   python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; } \
     | tee "$out/gpu_step_${device}.env"
 
-KEV_TEST_DEVICE=cuda timeout 75 python -m pytest -q -p no:cacheprovider tests/model/cuda/test_triton_kernels.py \
+KEV_TEST_DEVICE=cuda timeout 75 python -m pytest -q -p no:cacheprovider tests/model/triton/test_triton_kernels.py \
     2>&1 | tail -n 15 | tee "$out/gpu_kernels_${device}.txt"
 
 timeout 330 python bench/gpu_step.py --shapes llama-1b,llama-8b --precision bf16 --sizes 1,16,64 --max-tokens 128 \

@@ -19,7 +19,7 @@ import torch
 import kev
 from kev.bench.shapes import SHAPES
 from kev.engine.engine_setup import build_parts, pick_device
-from kev.model.cuda import triton_importable
+from kev.model.triton import triton_importable
 from kev.model.families import model_class
 from kev.model.llama import LlamaModel
 from kev.model.model_config import ModelConfig

@@ -14,7 +14,7 @@ import torch
 
 from gemm_vs_onednn import median_ms  # bench/ is the script's folder: sys.path[0]
 
-from kev.model.kernels import load_cpu_kernels
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.linear import GemmWeight
 from kev.model.model_store import cache_root
 from kev.model.quantize import quantize_rows

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from kev.bench.random_gguf import random_blocks
 from kev.model.gguf_weights import read_blocks
-from kev.model.kernels import load_cpu_kernels
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 from kev.model.quant_weight import QuantWeight, active_path
 

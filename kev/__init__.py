@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["GOMP_SPINCOUNT"] = "1000"
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.config import KevConfig, load_config
 from kev.engine.request import StreamEvent
 from kev.engine.sampling_params import SamplingParams

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import Any
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.batch.requests import BatchRequest
 
 MIN_SHARED_CHARS = 256  # Chinese runs near a token a character (the engine then checks for 256 shared tokens)

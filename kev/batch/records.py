@@ -7,7 +7,7 @@ import time
 import secrets
 from typing import Any
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.batch.input_file import LineError
 from kev.batch.requests import BatchRequest
 from kev.server.answer_errors import answer_error, first_failure

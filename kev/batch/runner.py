@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kev.engine.sampling_params import SamplingParams
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.batch.line_groups import Positioned, group_lines, merged_queries, split_results
 from kev.batch.records import answer_record, response_record
 from kev.batch.requests import BatchRequest

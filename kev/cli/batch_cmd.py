@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kev.batch.job import JobOptions, prepare, read_source
-    from kev.batch.job import run as run_job
+    from kev.cli.batch_job import JobOptions, prepare, read_source
+    from kev.cli.batch_job import run as run_job
     from kev.config.server_config import TENANT_NAME
     from kev.errors import KevError
 

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from kev.config import KevConfig, load_config
 from kev.errors import ConfigError
-from kev.isolation.memory_plan import (HEADROOM_RULE, WEIGHT_BYTES, MemoryPlan, ModelShape, format_bytes,
+from kev.engine.kv.memory_plan import (HEADROOM_RULE, WEIGHT_BYTES, MemoryPlan, ModelShape, format_bytes,
                                        inputs_for, make_plan, parse_bytes)
 from kev.model.model_config import ModelConfig
 

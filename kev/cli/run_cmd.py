@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.cli.common import add_config_flags, config_from_args
 from kev.cli.flags import add_engine_flags
 from kev.cli.progress import progress_bar

@@ -7,8 +7,8 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from kev.aggregator.audit_records import read_records
-from kev.aggregator.load_report import LoadReport, summarize
+from kev.results.audit_records import read_records
+from kev.results.load_report import LoadReport, summarize
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kev.batch.batch_config import BatchConfig
+from kev.config.batch_config import BatchConfig
 from kev.config.deploy_config import DeployConfig
 from kev.config.precision import pick_precision
 from kev.config.server_config import ServerConfig
@@ -164,7 +164,7 @@ class CoreConfig(_Section):
     # count (model/row_invariance.py) and then run one GEMM per step; tiles: always fixed tiles.
     row_plan: Literal["auto", "tiles"] = "auto"
     # auto: on the CPU, decode attention, rotary, RMSNorm and SiLU·mul run Kev's C++ kernels (built
-    # once into ~/.cache/kev/kernels) when they build; on CUDA, Kev's Triton kernels (kev/model/cuda) when
+    # once into ~/.cache/kev/kernels) when they build; on CUDA, Kev's Triton kernels (kev/model/triton) when
     # triton imports; torch: torch ops only (SDPA per channel). triton: the Triton kernels or a load error
     # (on a CPU only under TRITON_INTERPRET=1: the tests' way to run them).
     kernels: Literal["auto", "torch", "triton"] = "auto"

@@ -21,7 +21,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.config import KevConfig
 from kev.distributed.answers import claim
 from kev.distributed.connection import NATS_ERRORS, Link, connect_forever

@@ -8,7 +8,7 @@ import json
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.distributed.messages import result_from_dict
 from kev.distributed.subjects import answer_key
 

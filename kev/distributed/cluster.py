@@ -25,7 +25,7 @@ from kev.config import ConfigSource, load_config
 from kev.distributed.nats_server import NatsServer
 from kev.distributed.supervisor import ProcessState, write_status
 from kev.errors import KevError
-from kev.server.tenants import Tenants
+from kev.config.tenants import Tenants
 
 log = logging.getLogger("kev.distributed")
 

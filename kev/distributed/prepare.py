@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.config import KevConfig
 from kev.engine.sampling_params import SamplingParams
 from kev.engine.submission import SubmitOptions, read_questions

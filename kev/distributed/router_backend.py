@@ -4,7 +4,7 @@ It implements EngineAPI (kev/engine/api.py), so the server holds it as it holds 
 Its NATS side runs on an event loop of its own, in a thread, where all of its state lives; the
 EngineAPI calls hand their work to that loop and wait for it (as an Engine's calls take its lock).
 submit() checks the request as an engine would, routes each question to a work partition
-(kev/distributed/placement.py), applies overflow_policy against the stream's backlog, writes
+(kev/router/placement.py), applies overflow_policy against the stream's backlog, writes
 the request record (deadlines) to the requests bucket, then publishes one WorkItem per
 question and returns. Answers and deltas come back from the aggregator on {p}.out.<router_id>
 and go out on the router's one event stream (subscribe). While NATS is unreachable, new work
@@ -25,14 +25,14 @@ from typing import Any, TypeVar
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.config import KevConfig
 from kev.distributed.answers import claim, read_answer
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.loop_thread import LoopThread
 from kev.distributed.messages import (MalformedMessage, OutMessage, QuestionRecord, RequestRecord, WorkItem, decode,
                                       result_from_dict)
-from kev.distributed.placement import PartitionPlacer
+from kev.router.placement import PartitionPlacer
 from kev.distributed.prepare import Prepared, prepare, validate_options
 from kev.distributed.router_encoder import load_router_model
 from kev.distributed.router_link import RouterLink

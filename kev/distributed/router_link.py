@@ -22,7 +22,7 @@ from kev.config.deploy_config import DeployConfig
 from kev.distributed.connection import NATS_ERRORS, Link, connect_forever, topology_of
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import RequestRecord, WorkItem
-from kev.distributed.placement import PartitionLoads
+from kev.router.placement import PartitionLoads
 from kev.distributed.router_metrics import add_cluster_gauges
 
 log = logging.getLogger("kev.distributed")

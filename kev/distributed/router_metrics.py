@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from kev.distributed.placement import PartitionLoads
+from kev.router.placement import PartitionLoads
 
 
 def add_cluster_gauges(registry: CollectorRegistry, loads: PartitionLoads, num_workers: Callable[[], int],

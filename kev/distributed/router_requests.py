@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kev.aggregator.ordering import order_results
-from kev.aggregator.result import Result
+from kev.results.ordering import order_results
+from kev.results.result import Result
 from kev.distributed.messages import DeltaMessage
 from kev.distributed.relay import StreamPosition
 from kev.engine.request import EventListener, Request, StreamEvent

@@ -23,7 +23,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.config import KevConfig
 from kev.distributed.connection import NATS_ERRORS, Link, connect_forever
 from kev.distributed.dead_letter import reject

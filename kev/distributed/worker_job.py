@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import nats.errors
 from nats.aio.msg import Msg
 
-from kev.aggregator.result import Result, question_field
+from kev.results.result import Result, question_field
 from kev.distributed.messages import DeltaMessage, ResultMessage, WorkItem
 from kev.engine.request import StreamEvent
 

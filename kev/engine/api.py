@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.request import EventListener, StreamEvent
 from kev.engine.stats import EngineLoad
 from kev.model.tokenizer import Tokenizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from kev.engine.channel_pool import ChannelPool
-from kev.isolation.block_manager import BlockManager
+from kev.engine.kv.block_manager import BlockManager
 
 
 def channel_states(pool: ChannelPool, blocks: BlockManager) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kev.engine.packer import TilePlan
+from kev.engine.packer import RowTiling
 from kev.model.attention import PagedKVLayer
 from kev.model.llama import LlamaModel
 from kev.model.step_metadata import TABLE, DeviceRows, PagedRows, StepMetadata
@@ -43,7 +43,7 @@ def bucket_sizes(tile: int, max_rows: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: LlamaModel, caches: list[PagedKVLayer], plan: TilePlan, max_rows: int, max_context: int,
+    def __init__(self, model: LlamaModel, caches: list[PagedKVLayer], plan: RowTiling, max_rows: int, max_context: int,
                  block_size: int) -> None:
         self.model, self.caches, self.plan = model, caches, plan
         self.block_size, self.width = block_size, -(-max_context // block_size)

@@ -5,7 +5,7 @@ from typing import Any
 
 from kev.config import KevConfig
 from kev.config.precision import describe as describe_precision
-from kev.isolation.memory_plan import KV_BYTES
+from kev.engine.kv.memory_plan import KV_BYTES
 from kev.model.model_config import ModelConfig
 
 

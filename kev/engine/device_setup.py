@@ -12,8 +12,8 @@ import torch
 
 from kev.config import KevConfig
 from kev.errors import ConfigError
-from kev.model.cuda import interpreting, triton_importable, triton_runs_on
-from kev.model.cuda.ops import DeviceOps, triton_ops
+from kev.model.triton import interpreting, triton_importable, triton_runs_on
+from kev.model.triton.ops import DeviceOps, triton_ops
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
 
@@ -64,7 +64,7 @@ def _cannot_run(block_size: int, device: torch.device) -> str | None:
 
 def use_triton_gemm(model: LlamaModel) -> None:
     """Every linear layer but the token table's lookups on the persistent Triton GEMM (core.gpu_linear triton)."""
-    from kev.model.cuda.gemm_kernel import TritonGemmWeight
+    from kev.model.triton.gemm_kernel import TritonGemmWeight
 
     for module in model.modules():
         if isinstance(module, Linear) and module.scale is None:  # int8 weights keep their own path

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from kev.aggregator.ordering import order_results
-from kev.aggregator.result import Result
+from kev.results.ordering import order_results
+from kev.results.result import Result
 from kev.config import ConfigSource, KevConfig, load_config
 from kev.engine.bind_waiters import BindWaiters
 from kev.engine.channel_view import channel_states
@@ -38,7 +38,7 @@ from kev.engine.structured import GrammarCompiler
 from kev.engine.sampling_params import SamplingParams, sampling_of
 from kev.engine.submission import SubmitOptions, build_questions, new_request_id
 from kev.errors import (EngineFailedError, InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError)
-from kev.isolation.audit import Alert, AuditLog
+from kev.engine.kv.audit import Alert, AuditLog
 from kev.model.device import pick_device
 from kev.model.step_metadata import StepMetadata
 

@@ -17,11 +17,11 @@ from kev.engine.embedder import MeanEmbedder
 from kev.engine.model_runner import ModelRunner
 from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.scheduler import Scheduler, SchedulerLimits
-from kev.engine.tile_plan import tile_plan
+from kev.engine.row_tiling import row_tiling
 from kev.errors import ConfigError
-from kev.isolation.block_manager import BlockManager
-from kev.isolation.memory_plan import kv_pool_blocks
-from kev.isolation.prefix_store import PrefixStore
+from kev.engine.kv.block_manager import BlockManager
+from kev.engine.kv.memory_plan import kv_pool_blocks
+from kev.engine.kv.prefix_store import PrefixStore
 from kev.model.device import pick_device
 from kev.model.llama import LlamaModel
 from kev.model.model_store import gguf_source, resolve_model_path
@@ -85,7 +85,7 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
 
         runner: ModelRunner = start_tensor_parallel(config, model, num_blocks, tp_devices)
     else:
-        plan, setup = tile_plan(config, model)
+        plan, setup = row_tiling(config, model)
         device_label = setup.label
         runner = ModelRunner(model, num_blocks, core.block_size, plan, device_label)
         if setup.graphable and core.cuda_graphs and model.device.type == "cuda":

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kev.isolation.audit import Alert, AuditLog, inspect_step
-from kev.isolation.block_manager import BlockManager
+from kev.engine.kv.audit import Alert, AuditLog, inspect_step
+from kev.engine.kv.block_manager import BlockManager
 from kev.model.step_metadata import StepMetadata
 
 FailChannels = Callable[[list[int], str], bool]  # the scheduler's fail_channels: True when a question was running there

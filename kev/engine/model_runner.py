@@ -7,14 +7,14 @@ import platform
 import torch
 
 from kev.engine.decode_graphs import DecodeGraphs
-from kev.engine.packer import TilePlan
+from kev.engine.packer import RowTiling
 from kev.model.attention import PagedKVLayer, prefill_kernel_applies
 from kev.model.llama import LlamaModel
 from kev.model.step_metadata import StepMetadata
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: TilePlan,
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: RowTiling,
                  device_label: str = "") -> None:
         """device_label: Kev's Triton kernels and linear kernel where they run (DeviceSetup.label), else ""."""
         self.model, self.plan, self.block_size = model, plan, block_size
@@ -76,7 +76,7 @@ class ModelRunner:
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
 
 
-def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePlan, cpu_kernels: bool,
+def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: RowTiling, cpu_kernels: bool,
                          weights: str, device_label: str = "") -> str:
     """A short hash of everything that decides the bits of an answer (weights: LlamaModel.weight_numerics, e.g.
     torch.int8 under core.precision int8, the GGUF block formats and the quantized kernel's path under gguf;
@@ -87,7 +87,7 @@ def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: TilePla
         attention = device_label
     else:
         if cpu_kernels and prefill_kernel_applies(dtype, device, 64):
-            attention += ",prefill=flash-bf16"  # prompt rows on kernels/prefill_attention.cpp
+            attention += ",prefill=flash-bf16"  # prompt rows on cpu_kernels/prefill_attention.cpp
         if device.type == "cuda":
             attention += ",sdpa=efficient|math"  # model/attention.py: flash and cuDNN are not deterministic there
     parts = [str(dtype), device.type, device_kind, plan.label, attention, torch.__version__,

@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from kev.aggregator.audit_records import result_fields
-from kev.aggregator.result import Result, question_field
+from kev.results.audit_records import result_fields
+from kev.results.result import Result, question_field
 from kev.engine.logprobs import LogitRows, TokenTexts, prompt_entries, sampled_entry
 from kev.engine.question import ABORTED, Question
 from kev.engine.request import EventListener, Request, StreamEvent
 from kev.engine.plan import QuestionOutput
-from kev.isolation.audit import Alert, AuditLog
+from kev.engine.kv.audit import Alert, AuditLog
 from kev.model.tokenizer import IncrementalDecoder, Tokenizer
 
 REPLACEMENT = "\ufffd"  # what a partial UTF-8 sequence decodes to

@@ -15,12 +15,12 @@ import torch
 
 from kev.engine.logprobs import logit_rows
 from kev.engine.plan import Work
-from kev.isolation.block_manager import BlockManager
+from kev.engine.kv.block_manager import BlockManager
 from kev.model.step_metadata import ChannelSpan, PagedRows, StepMetadata
 
 
 @dataclass(frozen=True)
-class TilePlan:
+class RowTiling:
     small: int  # decode rows (fixed tiles)
     big: int  # the body of a prefill chunk (fixed tiles)
     invariant: bool = True  # False: the whole step is one GEMM (for measuring what invariance costs)
@@ -90,7 +90,7 @@ class _Rows:
         self.tiles.extend(tiles)
 
 
-def pack(work: list[Work], blocks: BlockManager, plan: TilePlan, device: torch.device) -> StepMetadata:
+def pack(work: list[Work], blocks: BlockManager, plan: RowTiling, device: torch.device) -> StepMetadata:
     """With plan.paged, the step's tensors stay on the host (the audit reads them there) and the model reads its rows
     from meta.paged, which reaches the device in one copy."""
     model_device, device = device, torch.device("cpu") if plan.paged else device

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kev.aggregator.result import FinishReason
+from kev.results.result import FinishReason
 from kev.engine.prefix_jobs import PrefixJob, SlotCopy
 from kev.engine.question import Question
 from kev.engine.sampling_params import SamplingParams

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kev.engine.question import Question
-from kev.isolation.block_manager import BlockManager
-from kev.isolation.prefix_store import PrefixEntry, PrefixStore, prefix_key
+from kev.engine.kv.block_manager import BlockManager
+from kev.engine.kv.prefix_store import PrefixEntry, PrefixStore, prefix_key
 
 SlotCopy = tuple[list[int], list[int]]  # (source slots, destination slots)
 

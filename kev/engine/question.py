@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kev.aggregator.result import FinishReason, Status
+from kev.results.result import FinishReason, Status
 from kev.engine.sampling_params import SamplingParams
 from kev.router.features import QuestionFeatures
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # torch stays out of bookkeeping; structured (llguidance) is 
     import torch
 
     from kev.engine.structured import ChannelGrammar, CompiledGrammar
-    from kev.isolation.prefix_store import PrefixEntry
+    from kev.engine.kv.prefix_store import PrefixEntry
 
 
 class Phase(enum.Enum):

@@ -15,10 +15,10 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kev.aggregator.ordering import order_results
-from kev.aggregator.result import Result
+from kev.results.ordering import order_results
+from kev.results.result import Result
 from kev.config import KevConfig
-from kev.distributed.placement import PartitionPlacer
+from kev.router.placement import PartitionPlacer
 from kev.engine.embedder import MeanEmbedder
 from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts, load_model_and_tokenizer

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.question import Question
 
 

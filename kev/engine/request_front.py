@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.request import Request, StreamEvent
 from kev.engine.sampling_params import SamplingParams
 from kev.errors import UnknownRequestError

@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import count
 
-from kev.aggregator.result import FinishReason
+from kev.results.result import FinishReason
 from kev.engine.channel_pool import ChannelPool, queue_order
 from kev.engine.plan import QuestionOutput, SampleRow, StepPlan, Work
 from kev.engine.prefix_jobs import PrefixJob, PrefixJobs
 from kev.engine.question import Phase, Question
 from kev.engine.stats import EngineLoad
-from kev.isolation.block_manager import BlockManager
+from kev.engine.kv.block_manager import BlockManager
 from kev.router.layout import ChannelGroup
 from kev.router.router import Router
 

@@ -6,7 +6,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from kev.aggregator.result import Result, question_field
+from kev.results.result import Result, question_field
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
 from kev.config.server_config import DEFAULT_TENANT, TENANT_NAME

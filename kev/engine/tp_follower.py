@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from kev.engine.engine_setup import load_model_and_tokenizer
 from kev.engine.model_runner import ModelRunner
-from kev.engine.tile_plan import shard_tile_plan
+from kev.engine.row_tiling import shard_row_tiling
 from kev.engine.tp_runner import COLLECTIVE_TIMEOUT_S, HOST, FollowerSetup, meta_to, rank_threads
 from kev.model.tensor_parallel import TensorGroup, shard_model
 
@@ -41,7 +41,7 @@ def main(fd: int) -> int:
     store = dist.TCPStore(HOST, setup.store_port, world, False, timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     shard = shard_model(model, TensorGroup.connect(store, setup.rank, world, device, COLLECTIVE_TIMEOUT_S))
     del model
-    runner = ModelRunner(shard, setup.num_blocks, config.core.block_size, shard_tile_plan(config, shard))
+    runner = ModelRunner(shard, setup.num_blocks, config.core.block_size, shard_row_tiling(config, shard))
     follow(runner, conn, device)
     return 0
 

@@ -34,8 +34,8 @@ import torch.distributed as dist
 
 from kev.config import KevConfig
 from kev.engine.model_runner import ModelRunner
-from kev.engine.packer import TilePlan
-from kev.engine.tile_plan import shard_tile_plan
+from kev.engine.packer import RowTiling
+from kev.engine.row_tiling import shard_row_tiling
 from kev.errors import EngineFailedError
 from kev.model.device import pick_device
 from kev.model.llama import LlamaModel
@@ -89,7 +89,7 @@ class FollowerSetup:
 class TensorParallelRunner(ModelRunner):
     """Rank 0's ModelRunner: every run/copy_slots is sent to the followers first, then done on this rank's shard."""
 
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: TilePlan,
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: RowTiling,
                  followers: list[Follower]) -> None:
         super().__init__(model, num_blocks, block_size, plan)
         self.followers = followers
@@ -209,7 +209,7 @@ def start_tensor_parallel(config: KevConfig, model: LlamaModel, num_blocks: int,
             _wait_ready(follower)
         tensor_group = TensorGroup.connect(store, 0, world, devices[0], COLLECTIVE_TIMEOUT_S)
         shard = shard_model(model, tensor_group)
-        plan = shard_tile_plan(config, shard)
+        plan = shard_row_tiling(config, shard)
         runner = TensorParallelRunner(shard, num_blocks, config.core.block_size, plan, followers)
     except BaseException:
         stop_followers(followers)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.config import KevConfig, load_config
 from kev.engine.engine import Engine
 from kev.errors import ConfigError, OverflowTimeoutError, RejectedError

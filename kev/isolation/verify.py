@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.engine import Engine
 
 VERIFY_QUESTIONS: list[str] = [

@@ -56,7 +56,7 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [num_rows, heads, dim]; k, v: [num_rows, kv_heads, dim] for the new tokens. Returns [num_rows, heads, dim].
 
-    decode_kernel: Kev's C++ kernels (model/kernels) read each channel's keys in place, all channels in one
+    decode_kernel: Kev's C++ kernels (model/cpu_kernels) read each channel's keys in place, all channels in one
     call: in bf16 (AVX-512 BF16) decode rows take the row kernel and prompt chunks of any length the flash-style
     prefill kernel, otherwise every row takes the row kernel (step_metadata.py says why a row's bits stay its
     own). Without them every channel is gathered and attended with SDPA, one call per channel. variant: see

@@ -1,10 +1,10 @@
-"""All decoder layers of a step in one C++ call (kernels/decoder_layers.cpp).
+"""All decoder layers of a step in one C++ call (cpu_kernels/decoder_layers.cpp).
 
 The op chains the very kernels the Python layer loop calls (Kev's GEMM, the row ops, rotary with the
 KV write, paged attention), in the same order, so a step's bits are the same either way; it only
 drops Python's per-op cost, a quarter of a lone question's decode step. It applies to plain
 Llama-shaped layers (no family variant) whose linears all run Kev's GEMM or its quantized kernel (uint8 cells,
-kernels/quant_gemm.cpp), on steps whose every row goes to the row attention kernel (in bf16 with the prefill
+cpu_kernels/quant_gemm.cpp), on steps whose every row goes to the row attention kernel (in bf16 with the prefill
 kernel: steps without a prompt chunk; a prompt chunk's step is long enough that Python's per-op cost does not
 count)."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """GGUF's K-quant blocks (Q4_K, Q5_K, Q6_K) under core.precision gguf: read from the file, packed for
-kernels/quant_gemm.cpp, dequantized back, and the kernel's math in torch ops.
+cpu_kernels/quant_gemm.cpp, dequantized back, and the kernel's math in torch ops.
 
 A K-quant super-block covers 256 k of one row: Q4_K / Q5_K hold 8 sub-blocks of 32 quants (0..15 / 0..31), each with
 a 6-bit scale sc and a 6-bit min m, and one fp16 d and dmin for the super-block (w = d·sc·q - dmin·m); Q6_K holds 16
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from kev.model.quant_weight import BLOCK, COLS, SUPER, Kind
+from kev.model.quant_format import BLOCK, COLS, SUPER, Kind
 
 # Per kind: bytes of one file super-block; (part, bytes) of one packed sub-cell and of the cell's tail.
 FILE_BYTES = {Kind.Q4_K: 144, Kind.Q5_K: 176, Kind.Q6_K: 210}

@@ -5,7 +5,7 @@ same row gets different bits at M=1, M=3 or M=40 (shared/notes/batch-invariance-
 Three ways out, the first that applies wins; `model/row_invariance.py` checks the result at
 start-up:
 
-- *Kev's GEMM* (kernels/linear_gemm.cpp, CPUs with AVX-512 BF16): every output element is
+- *Kev's GEMM* (cpu_kernels/linear_gemm.cpp, CPUs with AVX-512 BF16): every output element is
   one accumulator summed over k in a fixed order, so a row's bits are the same for every M,
   M=1 included — invariant by construction, and faster than oneDNN at every M we measured.
 - *free rows*: with weights prepacked once for oneDNN (what inductor's CPU freezing path
@@ -13,7 +13,7 @@ start-up:
   are one value whatever M is. The probe checks that for every shape, and then a step is
   one GEMM per layer over all its rows (padded to at least `min_rows`).
 - *fixed tiles* (any kernel, any device): rows are multiplied in tiles whose size depends
-  only on the row's own question (engine/packer.py's TilePlan).
+  only on the row's own question (engine/packer.py's RowTiling).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kev.model.attention import AttentionVariant, PagedKVLayer, attend, layer_variant, paged_attention
-from kev.model.cuda.ops import DeviceOps
+from kev.model.triton.ops import DeviceOps
 from kev.model.model_config import ModelConfig
 from kev.model.rope import RotaryTable
 from kev.model.row_invariance import Multiply
@@ -80,7 +80,7 @@ class Attention(nn.Module):
                           cache: PagedKVLayer) -> torch.Tensor:
         """Rotary with the KV write, then every row over its own channel's blocks: two kernels, reading only
         meta.paged's tensors (no spans, no host values), so the step can be captured in a CUDA graph."""
-        assert meta.paged is not None, "the Triton path needs the step's PagedRows (TilePlan.paged)"
+        assert meta.paged is not None, "the Triton path needs the step's PagedRows (RowTiling.paged)"
         rows = meta.paged.views
         ops.rope_store_kv(qkv, cache.kv, rope.cos, rope.sin, rows.positions, rows.slots, self.num_heads,
                           self.num_kv_heads, self.head_dim)
@@ -194,7 +194,7 @@ class LlamaModel(nn.Module):
         return sum(storages.values())
 
     def use_cpu_kernels(self, enabled: bool) -> None:
-        """Kev's C++ kernels (model/kernels) for decode attention, rotary, RMSNorm and SiLU·mul."""
+        """Kev's C++ kernels (model/cpu_kernels) for decode attention, rotary, RMSNorm and SiLU·mul."""
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.fused = enabled
@@ -207,7 +207,7 @@ class LlamaModel(nn.Module):
         return attention, mlp
 
     def use_device_kernels(self, ops: DeviceOps | None) -> bool:
-        """Kev's Triton kernels (model/cuda) for RMSNorm and the gated activations, and rotary + paged attention where
+        """Kev's Triton kernels (model/triton) for RMSNorm and the gated activations, and rotary + paged attention where
         every layer is plain causal attention (no family variant, full rotary, power-of-two head size). True when
         attention runs them: then a step reads its rows from PagedRows only, and decode can be one CUDA graph."""
         rope_ok = self.rope.rotary_dim is None and self.config.head_dim & (self.config.head_dim - 1) == 0

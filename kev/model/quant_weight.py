@@ -2,7 +2,7 @@
 
 A QuantWeight holds a linear layer's weight as GGUF's Q8_0 / Q4_0 / Q4_1 blocks hold it (32 k per block: quants,
 an fp16 scale d, Q4_1 an fp16 min m), or under w8a8 as int8 with one fp32 scale per output column, repacked once
-into the layout kernels/quant_gemm.cpp reads: 16 output columns × 32 k per cell, the same bytes per weight as the
+into the layout cpu_kernels/quant_gemm.cpp reads: 16 output columns × 32 k per cell, the same bytes per weight as the
 file; or as GGUF's K-quant super-blocks hold it (Q4_K / Q5_K / Q6_K, cells of 16 columns × 256 k: model/kquant.py).
 The kernel quantizes each row of x on its own (blocks of 32, as llama.cpp's q8 activations), sums each block's
 products exactly in int32 and scales in fp32 in a fixed order; `reference_linear` is the same math in torch ops
@@ -11,30 +11,12 @@ products exactly in int32 and scales in fp32 in a fixed order; `reference_linear
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import IntEnum
 from functools import cache
 
 import torch
 
-BLOCK = 32  # k per quant block
-COLS = 16  # output columns per packed cell
-SUPER = 256  # k per K-quant super-block (one packed cell of Q4_K / Q5_K / Q6_K)
-
-
-class Kind(IntEnum):
-    """The quant layout (kernels/quant_gemm.cpp's Kind): Q8 int8 quants (Q8_0, w8a8); Q4 0..15 with w = d·(q - 8)
-    (Q4_0); Q4_MIN 0..15 with w = d·q + m (Q4_1)."""
-
-    Q8 = 0
-    Q4 = 1
-    Q4_MIN = 2
-    Q4_K = 3  # K-quants (model/kquant.py): cells of 16 columns × 256 k
-    Q5_K = 4
-    Q6_K = 5
-
-    @property
-    def super_blocks(self) -> bool:
-        return self >= Kind.Q4_K
+from kev.model import kquant
+from kev.model.quant_format import BLOCK, COLS, SUPER, Kind
 
 
 def kernel_paths() -> tuple[str, ...]:
@@ -55,7 +37,7 @@ def active_path() -> str:
 
 def cell_layout(kind: Kind, has_d: bool) -> list[tuple[str, int]]:
     """The parts of one cell (16 columns × 32 k) in order, with their bytes: the kernel tells layouts apart by the
-    sum (kernels/quant_gemm.cpp's layout_of)."""
+    sum (cpu_kernels/quant_gemm.cpp's layout_of)."""
     parts = [("qs", 512 if kind == Kind.Q8 else 256)] + ([("d", 32)] if has_d else [])
     return parts + ([("m", 32)] if kind == Kind.Q4_MIN else []) + ([("wsum", 32)] if kind == Kind.Q8 else [])
 
@@ -82,9 +64,7 @@ class QuantWeight:
     def part(self, name: str) -> torch.Tensor | None:
         """One part of every cell, [column blocks, K/32, 16 (d, m, wsum) | bytes (qs)] in its dtype, or None."""
         if self.kind.super_blocks:
-            from kev.model.kquant import cell_part
-
-            return cell_part(self.cells, self.kind, name).contiguous() if name == "qs" else None
+            return kquant.cell_part(self.cells, self.kind, name).contiguous() if name == "qs" else None
         at = 0
         for part, size in cell_layout(self.kind, self.scale is None):
             if part == name:
@@ -137,16 +117,12 @@ class QuantWeight:
         q = torch.stack([raw & 0xF, raw >> 4], dim=-2)  # [.., group, column, low/high step, k]
         q = q.permute(0, 3, 1, 2, 4, 5).reshape(blocks * COLS, kblocks * BLOCK)
         if self.kind.super_blocks:
-            from kev.model.kquant import full_quants
-
-            return full_quants(self.cells, self.kind, q)
+            return kquant.full_quants(self.cells, self.kind, q)
         return q
 
     def unpack(self) -> torch.Tensor:
         """W [out, in] in fp32, dequantized: exactly the values the file's blocks stand for."""
         if self.kind.super_blocks:
-            from kev.model import kquant
-
             w = kquant.dequantize(self.quants(), self.kind, kquant.scales(self.cells, self.kind))
             return w[: self.out_features]
         q = self.quants().float()[: self.out_features].view(self.out_features, -1, BLOCK)
@@ -268,8 +244,6 @@ def _nibbles(q: torch.Tensor, blocks: int, kblocks: int) -> torch.Tensor:
 def pack_k(kind: Kind, parts: dict[str, torch.Tensor], type_name: str) -> QuantWeight:
     """K-quant super-blocks from per-row parts (model/kquant.py's read_k_blocks): q [out, in] unsigned quants, sc,
     m, d, dmin."""
-    from kev.model.kquant import pack_cells
-
     out_features, in_features = parts["q"].shape
     if in_features % SUPER:
         raise ValueError(f"{type_name} weights need in_features a multiple of {SUPER}, not {in_features}")
@@ -277,7 +251,7 @@ def pack_k(kind: Kind, parts: dict[str, torch.Tensor], type_name: str) -> QuantW
     pad = blocks * COLS - out_features
     padded = {name: torch.nn.functional.pad(t, (0, 0, 0, pad)) for name, t in parts.items()}
     padded["q"] = padded["q"].to(torch.int16)
-    cells = pack_cells(kind, padded, blocks, _nibbles(padded["q"] & 0xF, blocks, kblocks))
+    cells = kquant.pack_cells(kind, padded, blocks, _nibbles(padded["q"] & 0xF, blocks, kblocks))
     return QuantWeight(cells, None, None, kind, out_features, in_features, type_name)
 
 
@@ -298,8 +272,6 @@ def reference_linear(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     xq, dx = quantize_activations(x)
     rows, kblocks = dx.shape
     if w.kind.super_blocks:
-        from kev.model import kquant
-
         sums = kquant.reference_sums(xq, dx, w.quants()[: w.out_features], w.kind,
                                      {k: v[: w.out_features] for k, v in kquant.scales(w.cells, w.kind).items()})
         return sums + w.bias[: w.out_features] if w.bias is not None else sums

@@ -12,8 +12,8 @@ from functools import cached_property
 import torch
 
 # Attention paths (model/attention.py). In bf16 with the AVX-512 BF16 kernels, decode rows take the row kernel
-# (kernels/paged_attention.cpp) and every prefill chunk, whatever its length, the flash-style prefill kernel
-# (kernels/prefill_attention.cpp); otherwise every row takes the row kernel. Both compute a row from its own
+# (cpu_kernels/paged_attention.cpp) and every prefill chunk, whatever its length, the flash-style prefill kernel
+# (cpu_kernels/prefill_attention.cpp); otherwise every row takes the row kernel. Both compute a row from its own
 # channel's keys in an order fixed by its own position, so a row's bits never depend on how its prompt was
 # chunked or on what else is in the step.
 
@@ -79,7 +79,7 @@ class StepMetadata:
 
 @dataclass
 class PrefillBatch:
-    """Prompt chunks for kernels/prefill_attention.cpp: chunk i's rows are spans[i] = (q_start, q_len, ctx_len,
+    """Prompt chunks for cpu_kernels/prefill_attention.cpp: chunk i's rows are spans[i] = (q_start, q_len, ctx_len,
     slot_offset); they are the last q_len positions of a context whose ctx_len key slots start at slot_offset."""
 
     spans: torch.Tensor  # [n, 4] int64

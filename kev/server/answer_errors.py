@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.server.errors import ApiError
 from kev.server.openai_format import Kind
 

@@ -32,7 +32,7 @@ from kev.server.oplog import report_stats
 from kev.server.playground import routes as playground
 from kev.server.schema_limits import Vocab, apply_limits, served_vocab
 from kev.server.service import KevService, served_model_name
-from kev.server.tenants import Tenants
+from kev.config.tenants import Tenants
 
 log = logging.getLogger("kev.server")
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 from kev.engine.sampling_params import SamplingParams
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.api import EngineAPI, StepCounters
 from kev.engine.events import EventRouter
 from kev.engine.request import StreamEvent

@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.stats import EngineLoad, StepRecord
-from kev.isolation.audit import ISOLATION_ALERTS, OTHER_ALERTS
+from kev.engine.kv.audit import ISOLATION_ALERTS, OTHER_ALERTS
 from kev.server.vllm_metrics import VllmMetrics
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

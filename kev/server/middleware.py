@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kev.server.errors import error_body
 from kev.server.metrics import ServerMetrics
 from kev.server.playground import PAGE_PATHS
-from kev.server.tenants import Tenants
+from kev.config.tenants import Tenants
 from kev.server.upload_gate import stream_upload
 
 # Liveness and readiness probes carry no key (/health, as in vLLM and llama.cpp); nor does loading the

@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.request import StreamEvent
 from kev.server.openai_models import ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, Usage
 from kev.server.tools.reply import ToolReply

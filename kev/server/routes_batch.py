@@ -18,7 +18,7 @@ from kev.batch.server_batches import BatchManager, public
 from kev.batch.store import QuotaError, public_file, safe_filename
 from kev.server.errors import ApiError, error_responses
 from kev.server.query_params import one_value_each
-from kev.server.tenants import Caller, caller_of
+from kev.config.tenants import Caller, caller_of
 
 router = APIRouter(tags=["batch"], dependencies=[Depends(one_value_each)])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 503)

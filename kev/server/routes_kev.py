@@ -12,7 +12,7 @@ from kev.server.errors import error_responses
 from kev.server.registry import Tracked
 from kev.server.service import KevService
 from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
-from kev.server.tenants import Caller, caller_of
+from kev.config.tenants import Caller, caller_of
 
 router = APIRouter(tags=["kev"])
 _SUBMIT_ERRORS = error_responses(400, 401, 413, 422, 429, 503)

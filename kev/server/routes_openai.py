@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.sampling_params import SamplingParams
 from kev.server.answer_errors import BodyShape, answer_error, first_failure
 from kev.server.errors import ApiError, error_responses
@@ -20,7 +20,7 @@ from kev.server.registry import Tracked
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
 from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
-from kev.server.tenants import caller_of
+from kev.config.tenants import caller_of
 from kev.server.tools.prompt import prompt_kind
 from kev.server.tools.reply import ToolReply
 from kev.server.tools.request import plan_tools

@@ -18,7 +18,7 @@ from kev.server.errors import ApiError, error_responses
 from kev.server.query_params import one_value_each
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
-from kev.server.tenants import Caller, caller_of
+from kev.config.tenants import Caller, caller_of
 
 router = APIRouter(tags=["operations"])
 MAX_STEPS = 1024  # per answer: a poller asks for what came `since` its last answer

@@ -13,7 +13,7 @@ from typing import Any
 
 from starlette.requests import Request as HttpRequest
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.config import KevConfig
 from kev.engine.sampling_params import SamplingParams
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError, UnknownRequestError
@@ -24,7 +24,7 @@ from kev.server.limits import Limits
 from kev.server.metrics import ServerMetrics
 from kev.server.oplog import log_access, log_banner
 from kev.server.registry import RequestRegistry, Tracked
-from kev.server.tenants import Tenants
+from kev.config.tenants import Tenants
 
 log = logging.getLogger("kev.server")
 

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.request import StreamEvent
 
 

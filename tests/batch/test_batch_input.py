@@ -9,7 +9,7 @@ import pytest
 import kev
 from kev import SamplingParams
 from kev.batch.input_file import read_lines
-from kev.batch.job import InvalidInputError, JobOptions, prepare
+from kev.cli.batch_job import InvalidInputError, JobOptions, prepare
 from kev.batch.output_file import OutputFile, resume
 from kev.batch.requests import RequestBuilder, build_all
 from kev.errors import KevError

@@ -12,7 +12,7 @@ import nats
 import pytest
 
 import kev
-from kev.isolation.memory_plan import kv_pool_blocks
+from kev.engine.kv.memory_plan import kv_pool_blocks
 from tests.distributed.cluster_harness import Cluster
 from harness import metric, read_sse
 

@@ -10,10 +10,10 @@ from nats.aio.msg import Msg
 
 import kev
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.distributed.directory import WorkerDirectory
 from kev.distributed.messages import DeltaMessage, MalformedMessage, WorkerStatus, WorkItem, decode
-from kev.distributed.placement import PartitionPlacer
+from kev.router.placement import PartitionPlacer
 from kev.distributed.relay import StreamPosition
 from kev.distributed.router_requests import OpenRequest
 from kev.distributed.subjects import Topology
@@ -174,7 +174,7 @@ def test_names_follow_the_prefix() -> None:
 
 
 def test_the_aggregator_and_placement_import_without_torch() -> None:
-    code = ("import sys, kev.distributed.aggregator, kev.distributed.placement, kev.distributed.router_requests, "
+    code = ("import sys, kev.distributed.aggregator, kev.router.placement, kev.distributed.router_requests, "
             "kev.cli.aggregator_cmd; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -6,7 +6,7 @@ from collections import defaultdict
 import pytest
 
 import kev
-from kev.aggregator.audit_records import read_records
+from kev.results.audit_records import read_records
 
 AUDIT_FIELDS = ("request_id", "index", "channel_id", "hash_bucket", "strategy", "rerouted", "isolation", "started_at",
                 "finished_at", "elapsed_ms", "prompt_tokens", "completion_tokens", "finish_reason", "status",

@@ -13,8 +13,8 @@ import argparse
 
 import pytest
 
-from kev.aggregator.audit_records import read_records
-from kev.aggregator.load_report import summarize
+from kev.results.audit_records import read_records
+from kev.results.load_report import summarize
 from kev.cli import stats_cmd
 
 HOT = ["怎么退款", "嗯，怎么退款", "请问怎么退款", "怎么退款！！！", "你好，怎么退款？？", "怎么申请退款",

@@ -10,7 +10,7 @@ from kev.engine.question import Phase, Question
 from kev.engine.sampling_params import SamplingParams
 from kev.engine.request import Request, StreamEvent
 from kev.engine.plan import QuestionOutput
-from kev.isolation.audit import AuditLog
+from kev.engine.kv.audit import AuditLog
 from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
 

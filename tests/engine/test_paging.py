@@ -52,6 +52,6 @@ def test_reused_channel_starts_empty(make_engine):
 
 @pytest.mark.parametrize("tokens,expected", [(1, 1), (16, 1), (17, 2), (0, 0)])
 def test_blocks_for(tokens, expected):
-    from kev.isolation.block_manager import BlockManager
+    from kev.engine.kv.block_manager import BlockManager
 
     assert BlockManager(4, 16).blocks_for(tokens) == expected

@@ -9,8 +9,8 @@ from kev.engine.prefix_jobs import PrefixJobs
 from kev.engine.question import Phase, Question
 from kev.engine.sampling_params import SamplingParams
 from kev.engine.scheduler import Scheduler, SchedulerLimits
-from kev.isolation.block_manager import BlockManager
-from kev.isolation.prefix_store import PrefixStore
+from kev.engine.kv.block_manager import BlockManager
+from kev.engine.kv.prefix_store import PrefixStore
 from kev.router.features import QuestionFeatures
 from kev.router.router import Router
 

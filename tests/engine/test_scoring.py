@@ -120,7 +120,7 @@ def test_scoring_and_grammar_input_errors_name_the_field(engine):
 
 def test_verify_compare_catches_logprobs_that_differ():
     """kev verify's comparison looks at logprobs too, not only tokens and logits."""
-    from kev.aggregator.result import Result
+    from kev.results.result import Result
     from kev.isolation.verify import compare
 
     logits = torch.zeros(1, 4)

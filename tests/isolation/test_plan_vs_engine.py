@@ -7,7 +7,7 @@ import pytest
 
 import kev
 from kev.errors import ConfigError
-from kev.isolation.memory_plan import WEIGHT_BYTES, inputs_for, make_plan, shape_of
+from kev.engine.kv.memory_plan import WEIGHT_BYTES, inputs_for, make_plan, shape_of
 
 SMALL = {"core": {"max_context": 256, "block_size": 16, "prefill_chunk": 32, "max_step_tokens": 64},
          "router": {"max_parallel_queries": 3, "channel_pool_size": 4}}
@@ -62,7 +62,7 @@ def test_split_channels_hold_what_the_plan_says_at_their_length(make_engine):
 
 def shared_level_available() -> bool:
     """The lead's shared prefix blocks: the config must load and the engine must have a prefix store."""
-    if importlib.util.find_spec("kev.isolation.prefix_store") is None:
+    if importlib.util.find_spec("kev.engine.kv.prefix_store") is None:
         return False
     try:
         kev.load_config({"isolation": {"level": "shared", "kv_cache": "shared_readonly"}})

@@ -95,7 +95,7 @@ def test_cli_json_and_exit_code(tmp_path, capsys):
 
 def level_available(level: str) -> bool:
     """Looser levels switch on once the engine has its prefix store and the config accepts them."""
-    if importlib.util.find_spec("kev.isolation.prefix_store") is None:
+    if importlib.util.find_spec("kev.engine.kv.prefix_store") is None:
         return False
     overrides = {"level": level, "kv_cache": "shared_readonly"}
     if level == "loose":

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kev.model.attention import PagedKVLayer, paged_attention
-from kev.model.kernels import load_cpu_kernels
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 from kev.model.step_metadata import ChannelSpan, StepMetadata
 

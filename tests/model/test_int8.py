@@ -10,7 +10,7 @@ import torch
 import kev
 from kev.cli.main import main
 from kev.engine.engine_setup import build_parts
-from kev.isolation.memory_plan import inputs_for, make_plan, shape_of
+from kev.engine.kv.memory_plan import inputs_for, make_plan, shape_of
 from kev.isolation.verify import VERIFY_QUESTIONS, VerifyOptions, run_verify
 from kev.model import weights
 from kev.model.linear import GemmWeight

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kev.model.kernels import _build, build_dir, load_cpu_kernels
+from kev.model.cpu_kernels import _build, build_dir, load_cpu_kernels
 from kev.model.model_store import cache_root
 
 

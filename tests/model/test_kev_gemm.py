@@ -1,4 +1,4 @@
-"""Kev's GEMM (kernels/linear_gemm.cpp): the product itself, and a row's bits at every M (1 included),
+"""Kev's GEMM (cpu_kernels/linear_gemm.cpp): the product itself, and a row's bits at every M (1 included),
 under any thread count, with and without bias, for shapes whose width is not a multiple of 16; in fp32,
 bf16 and int8 (weight-only, per-column scale), and the packing's way back (unpack, embedding rows)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kev.model.kernels import load_cpu_kernels
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.linear import GemmWeight, can_use_kev_gemm
 from kev.model.model_store import cache_root
 from kev.model.quantize import quantize_rows

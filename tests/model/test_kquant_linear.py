@@ -1,4 +1,4 @@
-"""GGUF's K-quants (Q4_K, Q5_K, Q6_K) on the quantized-activation kernel (model/kquant.py, kernels/quant_gemm.cpp):
+"""GGUF's K-quants (Q4_K, Q5_K, Q6_K) on the quantized-activation kernel (model/kquant.py, cpu_kernels/quant_gemm.cpp):
 the blocks held stand for exactly the file's weights (against the `gguf` package's dequantize), every instruction-set
 path and torch's reference give the same bits, a row's bits are the same at every M in 1..80 and at 1 and 2 threads,
 and the product is close to the dequantized weights times x. The `gguf` package cannot quantize to K-quants, so the
@@ -15,7 +15,7 @@ from gguf.quants import dequantize
 
 from kev.bench.random_gguf import random_blocks
 from kev.model.gguf_weights import read_blocks
-from kev.model.kernels import load_cpu_kernels
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 from kev.model.quant_weight import QuantWeight, kernel_paths, reference_linear
 from tests.model.row_invariance import assert_rows_invariant

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kev.engine.packer import TilePlan
+from kev.engine.packer import RowTiling
 from kev.model.linear import Linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
@@ -28,7 +28,7 @@ def test_row_bits_independent_of_neighbours(dtype, tile):
 
 
 def test_tile_plan_depends_only_on_chunk_length():
-    plan = TilePlan(16, 64)
+    plan = RowTiling(16, 64)
     assert plan.for_chunk(16) == [16]
     assert plan.for_chunk(17) == [32]
     assert plan.for_chunk(45) == [64]

@@ -1,4 +1,4 @@
-"""The flash-style prefill kernel (kernels/prefill_attention.cpp): a query row's bits depend only on its own
+"""The flash-style prefill kernel (cpu_kernels/prefill_attention.cpp): a query row's bits depend only on its own
 channel's keys, never on how its prompt was chunked or which other chunks share the call; and it is attention."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kev.model.kernels import load_cpu_kernels
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 
 LENGTHS = [1, 2, 31, 32, 33, 97, 512, 1000, 2049, 4096]  # a sample of 1..4,096, tile edges included

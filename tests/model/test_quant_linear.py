@@ -1,4 +1,4 @@
-"""The quantized-activation kernel (kernels/quant_gemm.cpp, model/quant_weight.py): GGUF Q8_0 / Q4_0 / Q4_1 blocks and
+"""The quantized-activation kernel (cpu_kernels/quant_gemm.cpp, quant_weight.py): GGUF Q8_0 / Q4_0 / Q4_1 blocks and
 w8a8's per-column int8 times per-row int8 activations. Every instruction-set path and torch's reference give the
 same bits; a row's bits are the same at every M in 1..80 and every thread count; the product is close to the
 dequantized weights times x; the GGUF blocks are held exactly as the file has them."""
@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from kev.model.gguf_weights import read_blocks
-from kev.model.kernels import load_cpu_kernels
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 from kev.model.quant_weight import Kind, QuantWeight, kernel_paths, pack, quantize_activations, reference_linear
 from kev.model.quantize import quantize_rows

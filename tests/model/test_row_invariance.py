@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kev.engine.packer import TilePlan
+from kev.engine.packer import RowTiling
 from kev.model.linear import PackedWeight, can_prepack
 from kev.model.row_invariance import RowInvariance, probe, probe_data, probe_sizes
 
@@ -81,7 +81,7 @@ def test_prepacked_weights_give_the_bits_of_their_verdict():
     verdict = probe({"w": (576, packed, 96)}, torch.bfloat16, CPU, None, "test")
     if not verdict.free_rows:
         return  # this CPU needs fixed tiles; tests/model/test_linear.py covers them
-    plan = TilePlan(16, 64, free_rows=True, min_rows=verdict.min_rows)
+    plan = RowTiling(16, 64, free_rows=True, min_rows=verdict.min_rows)
     x = probe_data(96, 576, 1).to(torch.bfloat16)
     alone = packed(torch.cat([x[5:6], x.new_zeros(plan.for_step(1)[0] - 1, 576)]))[0]
     for rows in (7, 33, 96):

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kev.model.kernels import load_cpu_kernels
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 from kev.model.rope import RotaryTable
 

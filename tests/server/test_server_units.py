@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 import kev
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.engine.stats import EngineLoad, StepRecord
 from kev.server.api_models import QueryBody
 from kev.server.errors import ApiError, field_path, validation_error

@@ -17,10 +17,10 @@ import kev
 from kev.batch.store import BatchStore, QuotaError, safe_filename
 from kev.config.server_config import ServerConfig
 from kev.errors import KevError
-from kev.isolation.block_manager import BlockManager
-from kev.isolation.prefix_store import PrefixStore, prefix_key
+from kev.engine.kv.block_manager import BlockManager
+from kev.engine.kv.prefix_store import PrefixStore, prefix_key
 from kev.server.middleware import GateMiddleware
-from kev.server.tenants import OPERATOR, Caller, Tenants
+from kev.config.tenants import OPERATOR, Caller, Tenants
 
 
 # --- keys -> callers ------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_an_upload_streams_through_and_is_cut_at_its_limit() -> None:
 
 def test_uploaded_and_audit_files_are_written_0600(tmp_path: Path) -> None:
     from kev.batch.output_file import OutputFile
-    from kev.isolation.audit import AuditLog
+    from kev.engine.kv.audit import AuditLog
 
     (tmp_path / "old.jsonl").write_text("")
     os.chmod(tmp_path / "old.jsonl", 0o644)

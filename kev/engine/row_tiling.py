@@ -7,15 +7,15 @@ from dataclasses import replace
 
 from kev.config import KevConfig
 from kev.engine.device_setup import DeviceSetup, check_gpu_linear, device_kernels
-from kev.engine.packer import TilePlan
-from kev.model.kernels import load_cpu_kernels
+from kev.engine.packer import RowTiling
+from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.llama import LlamaModel
 from kev.model.model_store import cache_root
 from kev.model.row_invariance import probe as probe_rows
 from kev.model.row_invariance import probe_tiles
 
 
-def tile_plan(config: KevConfig, model: LlamaModel) -> tuple[TilePlan, DeviceSetup]:
+def row_tiling(config: KevConfig, model: LlamaModel) -> tuple[RowTiling, DeviceSetup]:
     """Prepack the weights and load the decode kernel for the CPU (Kev's Triton kernels and the linear kernel on
     CUDA), then let the row invariance probe decide between one GEMM per step and fixed tiles (core.row_plan: tiles
     skips the probe)."""
@@ -25,7 +25,7 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> tuple[TilePlan, DeviceSet
     graphable = model.use_device_kernels(ops)
     model.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
     setup = DeviceSetup(ops, graphable, check_gpu_linear(config, model, ops))
-    fixed = TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant, paged=graphable)
+    fixed = RowTiling(core.linear_tile, core.prefill_tile, core.batch_invariant, paged=graphable)
     if ops is not None and core.batch_invariant:
         setup.tile_probe = "ok" if probe_tiles(model.row_multiplies(1, 1), [fixed.small, fixed.big], model.dtype,
                                                     model.device) else "FAILED"
@@ -39,7 +39,7 @@ def tile_plan(config: KevConfig, model: LlamaModel) -> tuple[TilePlan, DeviceSet
     return replace(fixed, free_rows=True, min_rows=verdict.min_rows, max_sample_rows=max_samples), setup
 
 
-def shard_tile_plan(config: KevConfig, shard: LlamaModel) -> TilePlan:
+def shard_row_tiling(config: KevConfig, shard: LlamaModel) -> RowTiling:
     """A tensor-parallel shard: prepacked and on the CPU kernels where they apply, rows in fixed tiles (a row's bits
     then never depend on its neighbours, whatever each rank's shapes are), no probe; its sums run between layers, so
     the Python layer loop, not the one-call decoder op."""
@@ -47,7 +47,7 @@ def shard_tile_plan(config: KevConfig, shard: LlamaModel) -> TilePlan:
     shard.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
     shard.fused_layers = None
     core = config.core
-    return TilePlan(core.linear_tile, core.prefill_tile, core.batch_invariant)
+    return RowTiling(core.linear_tile, core.prefill_tile, core.batch_invariant)
 
 
 def _use_cpu_kernels(config: KevConfig, model: LlamaModel) -> bool:

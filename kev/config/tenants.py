@@ -2,7 +2,7 @@
 
 A tenant owns the requests, files and batches it creates: another tenant's id answers 404 (its
 existence is not revealed), lists show only its own, and under `loose` its prompts are cached for
-itself alone (kev/isolation/prefix_store.py). The operator key sees what spans tenants: /metrics,
+itself alone (kev/engine/kv/prefix_store.py). The operator key sees what spans tenants: /metrics,
 /v1/stats and the full /v1/channels view. Keys are read once, at start-up; a key that cannot be
 read is an error naming where it should have come from. See docs/security.md.
 """

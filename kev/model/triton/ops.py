@@ -6,7 +6,7 @@ from types import ModuleType
 
 import torch
 
-from kev.model.cuda import reference, triton_runs_on
+from kev.model.triton import reference
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class DeviceOps:
 def triton_ops() -> DeviceOps:
     import triton
 
-    from kev.model.cuda import triton_ops as kernels
+    from kev.model.triton import triton_ops as kernels
 
     return DeviceOps(f"triton-{triton.__version__}", kernels)
 
@@ -46,7 +46,3 @@ def triton_ops() -> DeviceOps:
 def reference_ops() -> DeviceOps:
     return DeviceOps("torch-reference", reference)
 
-
-def ops_for(device: torch.device) -> DeviceOps | None:
-    """Kev's Triton kernels where they run on this device (CUDA with triton importable), else None."""
-    return triton_ops() if triton_runs_on(device) else None

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from kev.aggregator.audit_records import read_records, result_fields
-from kev.aggregator.load_report import percentile, summarize
-from kev.aggregator.ordering import order_results
-from kev.aggregator.result import Result
+from kev.results.audit_records import read_records, result_fields
+from kev.results.load_report import percentile, summarize
+from kev.results.ordering import order_results
+from kev.results.result import Result
 from kev.cli import stats_cmd
 
 AUDIT_FIELDS = {"request_id", "index", "channel_id", "hash_bucket", "strategy", "rerouted", "isolation", "started_at",

@@ -20,7 +20,7 @@ from typing import Any
 from kev.batch.input_file import Format, LineError, read_lines
 from kev.batch.local_backend import close_backend, default_max_inflight, open_backend
 from kev.batch.output_file import OutputFile, Resumed, resume
-from kev.batch.progress_view import ProgressView
+from kev.cli.batch_progress import ProgressView
 from kev.batch.records import error_key, invalid_record
 from kev.batch.requests import BatchRequest, RequestBuilder, build_all
 from kev.batch.runner import BatchRunner

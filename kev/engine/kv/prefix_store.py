@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from kev.isolation.block_manager import BlockManager
+from kev.engine.kv.block_manager import BlockManager
 
 
 class PrefixKey(NamedTuple):

@@ -1,7 +1,7 @@
 """Order a request's results by aggregator mode (slot_map, seq_append, priority)."""
 from __future__ import annotations
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 
 
 def order_results(results: list[Result], mode: str, priorities: dict[int, int] | None = None) -> list[Result]:

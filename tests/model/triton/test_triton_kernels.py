@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kev.model.cuda import reference
-from tests.model.cuda.conftest import KERNEL_DEVICE, needs_triton
+from kev.model.triton import reference
+from tests.model.triton.conftest import KERNEL_DEVICE, needs_triton
 
 needs_triton(KERNEL_DEVICE)
 
-from kev.model.cuda import attention_kernel, gemm_kernel, rotary_kernel, row_kernels  # noqa: E402
+from kev.model.triton import attention_kernel, gemm_kernel, rotary_kernel, row_kernels  # noqa: E402
 
 gen = torch.Generator().manual_seed(0)
 

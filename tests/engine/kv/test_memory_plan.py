@@ -8,7 +8,7 @@ import pytest
 from kev.config import load_config
 
 from kev.cli.main import main
-from kev.isolation.memory_plan import ModelShape, PlanInputs, blocks, make_plan, parse_bytes
+from kev.engine.kv.memory_plan import ModelShape, PlanInputs, blocks, make_plan, parse_bytes
 
 ARTICLE_7B = ["plan", "--layers", "32", "--hidden", "4096", "--kv-heads", "32", "--head-dim", "128",
               "--max-context", "4096", "--precision", "fp16", "--channels", "8", "--json"]

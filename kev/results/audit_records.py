@@ -1,6 +1,6 @@
 """Result records of the audit log (audit.path), and reading the log back.
 
-The log is JSON lines, each with a "kind" (kev.isolation.audit.AuditLog writes them:
+The log is JSON lines, each with a "kind" (kev.engine.kv.audit.AuditLog writes them:
 steps, KV allocations, alerts, shadows). Every delivered result is one record of kind
 "result": the audit fields of SPEC §4 plus queue_ms, category, the original and the
 normalized text; level "full" adds the answer's text and token ids. Readers skip kinds
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 
 _FULL_ONLY = ("text", "token_ids")
 

@@ -12,11 +12,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import kev
 from kev.engine.decode_graphs import DecodeGraphs, bucket_sizes
 from kev.engine.engine_setup import build_parts
-from kev.engine.packer import TilePlan
+from kev.engine.packer import RowTiling
 from kev.model.attention import PagedKVLayer
-from kev.model.cuda.ops import DeviceOps, reference_ops
+from kev.model.triton.ops import DeviceOps, reference_ops
 from kev.model.weights import random_model
-from tests.model.cuda.conftest import TINY, needs_triton
+from tests.model.triton.conftest import TINY, needs_triton
 
 CPU = torch.device("cpu")
 
@@ -44,7 +44,7 @@ def decode_graphs(ops: DeviceOps) -> tuple[DecodeGraphs, torch.Tensor]:
               for _ in range(TINY.num_layers)]
     for cache in caches:
         cache.kv.normal_(generator=torch.Generator().manual_seed(1))
-    graphs = DecodeGraphs(model, caches, TilePlan(4, 16, paged=True), 6, 256, 16)
+    graphs = DecodeGraphs(model, caches, RowTiling(4, 16, paged=True), 6, 256, 16)
     assert [b.rows for b in graphs.buckets] == bucket_sizes(4, 6) == [4, 8]
     bucket = graphs.buckets[0]
     rows = bucket.meta.paged.static
@@ -72,7 +72,7 @@ def test_graphed_decode_step_compiles_as_one_graph():
 
 def test_graphed_decode_step_on_triton_reads_no_host_value():
     needs_triton(CPU)
-    from kev.model.cuda.ops import triton_ops
+    from kev.model.triton.ops import triton_ops
 
     graphs, bucket = decode_graphs(triton_ops())
     with torch.inference_mode(), OpsSeen() as seen:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kev.isolation.block_manager import BlockManager
+from kev.engine.kv.block_manager import BlockManager
 from kev.model.step_metadata import StepMetadata
 
 log = logging.getLogger("kev.audit")

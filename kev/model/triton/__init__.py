@@ -5,7 +5,7 @@ reductions walk only what that row owns (its hidden size, its own keys in fixed 
 order fixed by those sizes alone. So a row's bits never depend on how many rows share the step: the rule
 batch_invariant_ops, SGLang's and vLLM's deterministic modes converged on (shared/notes/gpu-path-facts.md).
 
-The torch ops in kev/model/llama.py stay the reference path; kev/model/cuda/reference.py holds the same operations in
+The torch ops in kev/model/llama.py stay the reference path; kev/model/triton/reference.py holds the same operations in
 torch over the same static, tensor-only metadata (the tests' reference, and the CPU stand-in for the graphed step).
 Triton kernels are used on CUDA when `triton` imports; under TRITON_INTERPRET=1 they also run on CPU tensors (the
 tests: fp32 only, slow, numpy's numerics: they prove structure and invariance, not the GPU's bits).
