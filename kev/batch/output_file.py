@@ -75,8 +75,11 @@ class OutputFile:
     def write(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as err:  # ENOSPC names no file: name it (a torn line is cut off on resume)
+            raise OSError(err.errno, err.strerror, str(self.path or "standard output")) from None
 
     def close(self) -> None:
         if self._owned:

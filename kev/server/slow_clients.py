@@ -118,6 +118,7 @@ class GuardedH11Protocol(H11Protocol):
 
 def guarded_h11(server: ServerConfig) -> type[GuardedH11Protocol]:
     """uvicorn.Config(http=...) takes a class: one with this server's deadlines and its own ConnectionBook."""
-    book = ConnectionBook(server.max_connections, server.max_connections_per_client, server.reserve_slots)
+    book = ConnectionBook(server.max_connections, server.max_connections_per_client, server.reserve_slots,
+                          proxies=frozenset(server.forwarded_allow_ips))
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {
         "book": book, "header_timeout_s": server.header_timeout_s, "body_timeout_s": server.body_timeout_s})

@@ -15,14 +15,24 @@ class Connection:
         self.evicted = True
 
 
-def test_one_address_holds_at_most_its_cap_and_others_still_get_in() -> None:
+def test_one_address_holds_at_most_its_cap_its_waiting_ones_make_room_and_others_still_get_in() -> None:
     book = ConnectionBook(max_connections=10, max_per_client=3, reserve=2)
     flood = [Connection() for _ in range(5)]
-    answers = [book.admit(c, "10.0.0.2") for c in flood]
-    assert answers[:3] == [None] * 3 and all("max_connections_per_client=3" in a for a in answers[3:] if a)
+    assert [book.admit(c, "10.0.0.2") for c in flood] == [None] * 5  # past the cap: the address's longest waiting go
+    assert [c.evicted for c in flood] == [True, True, False, False, False] and book.per_client["10.0.0.2"] == 3
+    for c in flood[2:]:
+        book.sent_request(c)
+    refused = book.admit(Connection(), "10.0.0.2")  # all three are being served: none to evict
+    assert refused and "max_connections_per_client=3" in refused
     assert book.admit(Connection(), "10.0.0.1") is None
-    book.close(flood[0])
+    book.close(flood[2])
     assert book.admit(Connection(), "10.0.0.2") is None, "a closed connection frees its address's slot"
+
+
+def test_a_trusted_proxy_has_no_per_address_cap() -> None:
+    book = ConnectionBook(max_connections=10, max_per_client=1, reserve=2, proxies=frozenset({"10.0.0.9"}))
+    behind = [Connection() for _ in range(4)]
+    assert [book.admit(c, "10.0.0.9") for c in behind] == [None] * 4 and not any(c.evicted for c in behind)
 
 
 def test_connections_without_a_whole_request_leave_the_reserve_free() -> None:

@@ -70,7 +70,8 @@ def test_limits_name_field_and_limit() -> None:
     lower = Limits.from_config(kev.load_config({"server": {"max_tokens_cap": 4}}))
     assert (lower.max_tokens_cap, lower.default_max_tokens) == (4, 4), "the default obeys the server cap"
     cases = [({"queries": ["a", "b", "c"]}, 413, "queries", "max_questions=2"),
-             ({"queries": ["a", "bbbbbb"]}, 413, "queries[1]", "max_question_chars=5"),
+             ({"queries": ["a", "bbbbbb"]}, 422, "queries[1]", "max_question_chars=5"),  # one string: maxLength
+             ({"queries": [[{"role": "user", "content": "bbb"}] * 2]}, 413, "queries[0]", "max_question_chars=5"),
              ({"queries": [{"text": "a", "max_tokens": 9}]}, 422, "queries[0].max_tokens", "max_tokens_cap=8")]
     for body, status, field_name, limit in cases:
         with pytest.raises(ApiError) as refused:
