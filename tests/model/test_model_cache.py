@@ -32,7 +32,7 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def gguf(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The tiny file, with a model cache of this test's own (the built kernels and probe verdicts shared: no rebuild)."""
+    """The tiny file, with a model cache of this test's own (built kernels and probe verdicts shared)."""
     (tmp_path / "cache").mkdir()
     for shared in ("kernels", "probes"):
         (cache_root() / shared).mkdir(parents=True, exist_ok=True)
@@ -95,6 +95,7 @@ def test_sizes_mode_skips_the_hash_but_not_the_sizes(gguf: Path, monkeypatch: py
     assert main(["run", "--model", str(gguf), "hi"]) == 2  # a bad value: one line, exit 2
 
 
+@pytest.mark.slow
 def test_kev_run_on_a_damaged_cache_answers_from_the_rebuilt_one(gguf: Path, capsys: pytest.CaptureFixture) -> None:
     args = ["run", "--model", str(gguf), "--precision", "fp32", "--max-tokens", "4", "--json", "Say hi."]
     assert main(args) == 0
