@@ -6,6 +6,11 @@ config.json is found before the model loads (a damaged folder once served "" wit
 pieces of all files spread over every core. KEV_CACHE_VERIFY picks how much a load checks: `full` (default),
 `sizes` (sizes only: catches a truncated or missing file, not a flipped bit; for operators who accept the risk), or
 `off`.
+
+Cost, the default model (SmolLM2-135M converted: 540 MB in 4 files), Xeon (family 6), 2 cores shared with other
+work (load average 7.4): `full` 1.04 / 1.29 / 1.27 s (three runs, page cache warm), `sizes` under 1 ms; loading that
+model takes 16 s in the same conditions (`load_model_and_tokenizer`, the check included). Reproduce:
+`find_damage(folder, "full")` timed on the cache folder (kev/model/cache_manifest.py).
 """
 from __future__ import annotations
 
