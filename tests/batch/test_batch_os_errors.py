@@ -59,3 +59,19 @@ def test_a_full_disk_mid_job_is_one_line_and_the_resume_loses_nothing(tmp_path: 
     assert code == 0
     ids = [record["custom_id"] for record in read_output(out)]  # every request exactly once
     assert sorted(ids) == [f"req-{i:03d}" for i in range(6)]
+
+
+def test_an_unreadable_config_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    config, real_read = config_file(tmp_path), Path.read_text
+
+    def denied(path: Path, *args: object, **kwargs: object) -> str:
+        if path == config:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_read(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", denied)  # root ignores chmod: the refusal is raised in-process
+    source = write_jsonl(tmp_path / "in.jsonl", job_lines(1))
+    assert main(["batch", str(source), "-o", str(tmp_path / "out.jsonl"), "--config", str(config)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert str(config) in line and "permission denied" in line, line
