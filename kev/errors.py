@@ -1,4 +1,7 @@
 """The errors a Kev user can catch. Each message names the field or value at fault."""
+from __future__ import annotations
+
+import errno
 
 
 class KevError(Exception):
@@ -51,3 +54,24 @@ class UnsupportedModelError(KevError, ValueError):
 class EngineFailedError(KevError):
     """The engine can no longer compute (a tensor-parallel rank died or fell out of step): it failed the questions
     it held and takes no more; the message says which rank and why."""
+
+
+_OS_ADVICE = {
+    errno.EROFS: "the file system is read-only: choose a writable folder",
+    errno.EACCES: "permission denied: fix its permissions or choose another path",
+    errno.EPERM: "not permitted: fix its permissions or choose another path",
+    errno.ENOSPC: "no space left on the device: free some space and run again (what was written is kept)",
+    errno.EDQUOT: "disk quota exceeded: free some space and run again (what was written is kept)",
+    errno.ENOENT: "no such file or folder: create it or fix the path",
+    errno.ENOTDIR: "a part of the path is not a folder: fix the path",
+    errno.EISDIR: "it is a folder: give a file",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n) or lower the concurrency",
+    errno.ENFILE: "too many open files on the system: raise the limit or lower the concurrency",
+}
+
+
+def describe_os_error(err: OSError, path: object = None) -> str:
+    """One line for a file-system error met in normal operation: the path and what to do."""
+    where = err.filename if err.filename is not None else path
+    advice = _OS_ADVICE.get(err.errno or 0, err.strerror or str(err))
+    return f"{where}: {advice}" if where is not None else advice

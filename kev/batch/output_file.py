@@ -71,12 +71,25 @@ class OutputFile:
             path.parent.mkdir(parents=True, exist_ok=True)
             # answers: readable by their owner alone
             self._fd, self._owned = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), True
+        self._failed: OSError | None = None
 
     def write(self, record: dict[str, Any]) -> None:
+        if self._failed is not None:  # after a failed write nothing more is written: no line after a torn one
+            raise self._failed
         data = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
+        start = os.lseek(self._fd, 0, os.SEEK_END) if self._owned else None
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as err:  # a full disk: cut the torn line off now (freeing needs no space), name the file
+            if start is not None:
+                try:
+                    os.ftruncate(self._fd, start)
+                except OSError:
+                    pass  # resume() cuts it off instead
+            self._failed = OSError(err.errno, err.strerror, str(self.path or "standard output"))
+            raise self._failed from None
 
     def close(self) -> None:
         if self._owned:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from kev.config.server_config import DEFAULT_TENANT
+from kev.errors import ConfigError, describe_os_error
 
 _FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
 _BATCH_ID = re.compile(r"^batch_[0-9a-f]{24}$")
@@ -44,7 +45,10 @@ class BatchStore:
         self.root = Path(root).expanduser()
         self.files_dir, self.batches_dir = self.root / "files", self.root / "batches"
         for folder in (self.root, self.files_dir, self.batches_dir):
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as err:  # a read-only or foreign folder: one line at start-up, naming the setting
+                raise ConfigError(f"batch.dir: {describe_os_error(err, folder)}") from None
 
     # --- files -----------------------------------------------------------------
     @staticmethod

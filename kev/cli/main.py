@@ -50,12 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(logging.INFO if args.verbose else logging.WARNING, getattr(args, "log_format", "text"))
     if hasattr(args, "log_level"):  # serve, worker, aggregator: their own level for Kev's loggers
         logging.getLogger("kev").setLevel(args.log_level.upper())
-    from kev.errors import KevError
+    from kev.errors import KevError, describe_os_error
 
     try:
         return int(args.handler(args) or 0)
     except KevError as err:
         print(f"kev {args.command}: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a read-only folder, a full disk, no permission: one line naming the path, not a traceback
+        print(f"kev {args.command}: {describe_os_error(err)}", file=sys.stderr)
         return 2
 
 

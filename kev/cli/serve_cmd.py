@@ -86,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=DrainingServer.timeout_for(grace),  # type: ignore[arg-type]  # float seconds work
         http=guarded_h11(config.server),  # server.max_connections and the slow-socket rules (not limit_concurrency)
         timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # uvicorn's stub says int; float works
-        access_log=args.log_level == "debug")
+        access_log=args.log_level == "debug",
+        # behind a trusted proxy: the client address from X-Forwarded-For (uvicorn's own setting, passed as is)
+        proxy_headers=bool(config.server.forwarded_allow_ips),
+        forwarded_allow_ips=config.server.forwarded_allow_ips or None)
     server = DrainingServer(uvicorn_config, app.state.service, grace)
     log.info("kev serve: %r as %r on %s:%d%s", config.core.model_path, app.state.service.model_name,
              config.server.host, config.server.port, f"; flags: {describe_flags(flags)}" if flags else "")

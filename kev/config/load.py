@@ -8,7 +8,7 @@ import yaml
 from pydantic import ValidationError
 
 from kev.config.schema import KevConfig
-from kev.errors import ConfigError
+from kev.errors import ConfigError, describe_os_error
 
 ConfigSource = str | Path | dict[str, Any] | KevConfig | None
 
@@ -49,6 +49,8 @@ def _read(source: ConfigSource) -> dict[str, Any]:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        except OSError as err:  # unreadable (permission denied, a folder, too many open files): one line
+            raise ConfigError(f"config file {describe_os_error(err, path)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -69,7 +69,10 @@ class LocalCluster:
         for i in range(self.num_workers):
             self._spawn(f"worker{i}", ["worker", *base, "--partition", str(i), "--id", f"worker{i}", *threads])
         self._spawn("router", ["serve", *base])  # its host and port are in the config (a flag may not contradict it)
+        self.write_status()  # each process "starting" (loading a model takes a minute or two): status can say so
         self._wait_ready(timeout)
+        for child in self.children:
+            child.state.state = "running"
         self.write_status()
 
     def _write_config(self, nats_url: str) -> tuple[Path, str | None]:
@@ -84,7 +87,8 @@ class LocalCluster:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         proc = self._popen(name, args)
-        self.children.append(Child(name, proc, self.workdir / f"{name}.log", args, ProcessState(name, proc.pid)))
+        self.children.append(Child(name, proc, self.workdir / f"{name}.log", args,
+                                   ProcessState(name, proc.pid, state="starting")))
 
     def _popen(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         with (self.workdir / f"{name}.log").open("ab") as out:
@@ -140,12 +144,21 @@ class LocalCluster:
                 request = urllib.request.Request(f"{self.url}/v1/channels", headers=self._headers)
                 with urllib.request.urlopen(request, timeout=2) as response:  # 503 until the router is ready
                     workers = {c.get("worker") for c in json.load(response)["channels"]}
+                self._mark_running({"router", *(str(w) for w in workers - {None})})
                 if len(workers - {None}) >= self.num_workers:
                     return
             except (urllib.error.URLError, OSError, ValueError):
                 pass
             time.sleep(0.3)
         raise KevError(f"cluster not ready after {timeout}s; logs in {self.workdir}")
+
+    def _mark_running(self, names: set[str]) -> None:
+        """Start-up: the router answered and these workers sent a heartbeat; status.json says so at once."""
+        changed = [c for c in self.children if c.name in names and c.state.state == "starting"]
+        for child in changed:
+            child.state.state = "running"
+        if changed:
+            self.write_status()
 
     def exited(self) -> list[Child]:
         return [c for c in self.children if c.proc.poll() is not None]

@@ -21,6 +21,10 @@ def add_cluster_gauges(registry: CollectorRegistry, loads: PartitionLoads, num_w
         running.labels(str(partition)).set_function(_reader(loads, partition, running=True))
     Gauge("kev_overflow_waiting", "questions in the shared overflow queue (overflow_policy queue)",
           registry=registry).set_function(lambda: loads.overflow)
+    Gauge("kev_partition_waiting_peak", "the most questions waiting in the partitions at once since the router started",
+          registry=registry).set_function(lambda: loads.peak_waiting)
+    Gauge("kev_overflow_waiting_peak", "the most questions in the overflow queue at once since the router started",
+          registry=registry).set_function(lambda: loads.peak_overflow)
     Gauge("kev_workers_live", "workers whose heartbeat is recent", registry=registry).set_function(num_workers)
     Gauge("kev_nats_connected", "1 while the router is connected to NATS",
           registry=registry).set_function(lambda: int(is_connected()))

@@ -23,7 +23,7 @@ class ProcessState:
 
     name: str
     pid: int | None
-    state: str = "running"  # running / restarting (waiting for its back-off) / stopped
+    state: str = "running"  # starting (cluster up waits for it) / running / restarting (its back-off) / stopped
     restarts: int = 0  # since `kev cluster up`
     streak: int = 0  # deaths in a row without STABLE_S up between them: the back-off's exponent
     last_exit: int | None = None

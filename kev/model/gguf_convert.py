@@ -24,6 +24,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as HFTokenizer
 
 from kev.errors import UnsupportedModelError
+from kev.model.cache_manifest import write_manifest
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token_type values
 
@@ -93,6 +94,7 @@ def convert_gguf_to_hf_folder(gguf_path: Path, out_dir: Path) -> Path:
         tmp.chmod(0o755)
         for f in tmp.iterdir():
             f.chmod(0o644)
+        write_manifest(tmp)  # last: a folder without it (an interrupted conversion) is never trusted
         try:
             os.rename(tmp, out_dir)
         except OSError:

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from kev.errors import KevError
+from kev.model.cache_manifest import find_damage, has_manifest
 from kev.model.gguf_convert import convert_gguf_to_hf_folder
+
+log = logging.getLogger(__name__)
 
 
 class ModelNotFoundError(KevError, ValueError):
     """The model name is neither a known alias, a .gguf file, nor a folder with config.json."""
+
+
+class DamagedModelError(KevError, ValueError):
+    """A converted folder named directly (no source to rebuild it from) does not match its manifest."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,12 @@ def resolve_model_path(name_or_path: str) -> Path:
     if name_or_path in ALIASES:
         return _cached_conversion(_alias_gguf(name_or_path, ALIASES[name_or_path]))
     path = Path(name_or_path).expanduser()
+    if path.is_dir() and has_manifest(path):  # a converted folder named directly: checked, but nothing to rebuild from
+        damage = find_damage(path)
+        if damage is not None:
+            raise DamagedModelError(f"model folder {path} is damaged: {damage}; delete it and give its .gguf file "
+                                    f"or alias instead (Kev converts it again)")
+        return path
     if path.is_dir() and (path / "config.json").is_file():
         return path
     if path.is_file() and path.suffix == ".gguf":
@@ -88,6 +104,20 @@ def _cached_conversion(gguf_path: Path) -> Path:
     # Size + mtime + path: a replaced or edited file gets a fresh folder without hashing 100s of MB.
     key = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}:{gguf_path}".encode()).hexdigest()[:12]
     out = cache_dir() / f"{gguf_path.stem}-{key}"
-    if (out / "config.json").is_file():
-        return out
+    if out.exists():
+        damage = find_damage(out)  # a folder is trusted only if its manifest (written last) says so
+        if damage is None:
+            return out
+        log.warning("model cache %s: %s; rebuilding it from %s", out, damage, gguf_path)
+        _discard(out)
     return convert_gguf_to_hf_folder(gguf_path, out)
+
+
+def _discard(folder: Path) -> None:
+    """Move a damaged folder aside (one rename: a reader never sees it half-deleted), then delete it."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.damaged-", dir=folder.parent))
+    try:
+        os.rename(folder, aside / folder.name)
+    except FileNotFoundError:
+        pass  # another process discarded it first
+    shutil.rmtree(aside, ignore_errors=True)

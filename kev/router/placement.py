@@ -34,6 +34,9 @@ class PartitionLoads:
     # after; update() adds both on top of what JetStream said.
     placed: list[int] = field(default_factory=list)
     unpublished: list[int] = field(default_factory=list)
+    # High-water marks since the router started: a backlog lasts milliseconds, a scrape can miss it, a peak cannot.
+    peak_waiting: int = 0  # the most questions waiting in the partitions at once
+    peak_overflow: int = 0  # the most in the overflow queue at once
 
     @classmethod
     def empty(cls, num_partitions: int, room: int) -> PartitionLoads:
@@ -70,6 +73,7 @@ class PartitionLoads:
         extra = [max(0, now - then) + late for now, then, late in zip(self.placed, placed, unpublished)]
         self.waiting = [w + e for w, e in zip(waiting, extra)]
         self.running, self.overflow = list(running), overflow + extra[-1]
+        self._note_peaks()
 
     def count(self, partition: int | None, delta: int) -> None:
         """A question placed (delta 1) or withdrawn (-1): in `partition`, or the overflow queue (None)."""
@@ -80,6 +84,11 @@ class PartitionLoads:
             self.overflow = max(0, self.overflow + delta)
         else:
             self.waiting[partition] = max(0, self.waiting[partition] + delta)
+        self._note_peaks()
+
+    def _note_peaks(self) -> None:
+        self.peak_waiting = max(self.peak_waiting, sum(self.waiting))
+        self.peak_overflow = max(self.peak_overflow, self.overflow)
 
     def published(self, partition: int | None) -> None:
         """JetStream has it: from now on a poll sees it."""

@@ -2,7 +2,10 @@
 
 Slow or idle sockets must not starve real clients (a flood of sockets that trickle their headers once
 filled server.max_connections and every real client got 503). Three rules, all decided here:
-  - one client address holds at most server.max_connections_per_client connections; more are refused (503);
+  - one client address holds at most server.max_connections_per_client connections; one more is refused (503)
+    unless its first bytes are a whole request's headers: then it takes the place of that address's longest waiting
+    connection (evicted: 408), so tricklers behind one NAT or proxy never lock out the complete requests beside them
+    (1,000 from one address once did); addresses in server.forwarded_allow_ips (trusted proxies) have no such cap;
   - connections that have not yet sent a whole request may hold at most max_connections minus
     server.connection_reserve slots: when they hold them all, a new connection evicts the one that has
     waited longest (it gets its 408), so a real client, whose request arrives at once, always finds a slot;
@@ -32,12 +35,13 @@ class ConnectionBook:
     clients: dict[Evictable, str] = field(default_factory=dict)  # every open connection -> its client address
     per_client: Counter[str] = field(default_factory=Counter)
     waiting: OrderedDict[Evictable, None] = field(default_factory=OrderedDict)  # no whole request yet; oldest first
+    proxies: frozenset[str] = frozenset()  # trusted proxy addresses (server.forwarded_allow_ips): no per-address cap
     num_evicted: int = 0
     num_refused: int = 0
 
     def admit(self, connection: Evictable, client: str) -> str | None:
         """None when the connection may stay (it is then booked); otherwise why it is refused (a 503)."""
-        if self.per_client[client] >= self.max_per_client:
+        if self.is_over_cap(client):
             self.num_refused += 1
             return (f"{self.per_client[client]} connections from {client} are open; the limit is "
                     f"server.max_connections_per_client={self.max_per_client}")
@@ -50,6 +54,22 @@ class ConnectionBook:
         self.clients[connection] = client
         self.per_client[client] += 1
         self.waiting[connection] = None
+        return None
+
+    def is_over_cap(self, client: str) -> bool:
+        return self.per_client[client] >= self.max_per_client and client not in self.proxies
+
+    def admit_complete(self, connection: Evictable, client: str) -> str | None:
+        """A connection refused for its address's cap has sent a whole request's headers: it takes the place of the
+        address's longest waiting connection (evicted), booked as having sent its request. None: admitted."""
+        oldest = next((waiting for waiting in self.waiting if self.clients[waiting] == client), None)
+        if oldest is None:
+            return (f"{self.per_client[client]} connections from {client} are open, each with a request; the limit "
+                    f"is server.max_connections_per_client={self.max_per_client}")
+        self._evict(oldest)
+        self.num_refused -= 1  # counted when it was first refused
+        self.clients[connection] = client
+        self.per_client[client] += 1
         return None
 
     def sent_request(self, connection: Evictable) -> None:
@@ -71,7 +91,9 @@ class ConnectionBook:
         return full_s * share
 
     def _evict_oldest(self) -> None:
-        oldest = next(iter(self.waiting))
+        self._evict(next(iter(self.waiting)))
+
+    def _evict(self, oldest: Evictable) -> None:
         self.close(oldest)  # its slot is free now, not when its socket has closed
         self.num_evicted += 1
         oldest.evict()

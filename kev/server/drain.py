@@ -1,7 +1,8 @@
 """DrainingServer: how `kev serve` stops on SIGTERM or Ctrl-C, at any moment, loading included.
 
-1. Stop accepting: the listening socket closes; a request that still reaches a route is a
-   503 with Retry-After, and /health, /readyz say "draining".
+1. New work is refused: the listening socket stays open while in-flight requests finish (at most
+   server.shutdown_grace_s), so a newcomer gets a 503 with Retry-After (not "connection refused"), and
+   /health, /readyz say "draining"; then the socket closes.
 2. In-flight requests may finish for server.shutdown_grace_s.
 3. Then every unfinished question is cancelled, and each caller still gets a well-formed
    answer: JSON results / a final SSE event per question with status (finish_reason)
@@ -41,11 +42,18 @@ class DrainingServer(uvicorn.Server):
         loop = asyncio.get_running_loop()
         timer = loop.call_later(self.grace_s, self._cancel_unfinished)
         try:
+            await self._finish_in_flight(loop.time() + self.grace_s)
             await super().shutdown(sockets)
         finally:
             timer.cancel()
             if self._cancelling is not None:
                 await self._cancelling
+
+    async def _finish_in_flight(self, deadline: float) -> None:
+        """Before the socket closes: wait for the requests that were running (a 503 to a newcomer ends at once)."""
+        loop = asyncio.get_running_loop()
+        while loop.time() < deadline and any(not task.done() for task in self.server_state.tasks):
+            await asyncio.sleep(0.05)
 
     def _cancel_unfinished(self) -> None:
         self._cancelling = asyncio.ensure_future(self.service.cancel_unfinished())

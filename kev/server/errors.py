@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from kev.errors import describe_os_error
 from kev.server.api_models import ErrorResponse
 
 log = logging.getLogger("kev.server")
@@ -111,6 +112,13 @@ def install_handlers(app: FastAPI) -> None:
         if err.status_code == 405:  # Starlette names the methods of the first matching route only
             headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(app, request.url.path))}
         return error_response(ApiError(err.status_code, message, field, headers=headers))
+
+    @app.exception_handler(OSError)
+    async def _os_error(request: Request, err: OSError) -> JSONResponse:
+        # a full disk, a read-only batch.dir, no file handles left: the resource is at fault, not the request
+        message = describe_os_error(err)
+        log.warning("%s %s: %s", request.method, request.url.path, message)
+        return error_response(ApiError(503, message, headers={"Retry-After": "30"}))
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, err: Exception) -> JSONResponse:

@@ -29,10 +29,13 @@ class Limits:
             raise ApiError(413, f"{field}: {count} questions; the limit is server.max_questions={self.max_questions}",
                            field)
 
-    def check_chars(self, num_chars: int, field: str) -> None:
+    def check_chars(self, num_chars: int, field: str, summed: bool | None = None) -> None:
+        """One string over the limit is a 422 (the published schema's maxLength says it); a sum over several strings
+        (messages: no JSON Schema keyword can say it) is a 413. summed None: only `messages` fields are sums."""
         if num_chars > self.max_question_chars:
-            raise ApiError(413, f"{field}: {num_chars} characters; the limit is "
-                                f"server.max_question_chars={self.max_question_chars}", field)
+            summed = field.endswith("messages") if summed is None else summed
+            raise ApiError(413 if summed else 422, f"{field}: {num_chars} characters; the limit is "
+                                                   f"server.max_question_chars={self.max_question_chars}", field)
 
     def check_max_tokens(self, value: int | None, field: str) -> None:
         if value is not None and value > self.max_tokens_cap:
@@ -51,10 +54,15 @@ class Limits:
             self.check_chars(len(body.system), "system")
         for i, question in enumerate(body.queries):
             where = f"queries[{i}]"
-            self.check_chars(question_chars(question), where)
+            self.check_chars(question_chars(question), where, summed=not is_one_string(question))
             if isinstance(question, QuestionObject):
                 self.check_max_tokens(question.max_tokens, f"{where}.max_tokens")
                 self.check_timeout(question.timeout_ms, f"{where}.timeout_ms")
+
+
+def is_one_string(question: str | list[ChatMessage] | QuestionObject) -> bool:
+    """A question whose characters are one string's (bounded by the schema's maxLength), not a sum of messages."""
+    return isinstance(question, str) or (isinstance(question, QuestionObject) and not question.messages)
 
 
 def question_chars(question: str | list[ChatMessage] | QuestionObject) -> int:

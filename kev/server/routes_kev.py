@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kev.server.api_models import Accepted, QueryBody, QueryResponse, RequestStatus, SubmitBody
 from kev.server.errors import error_responses
 from kev.server.registry import Tracked
+from kev.server.request_constraint import request_constraint_error
 from kev.server.service import KevService
 from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
 from kev.config.tenants import Caller, caller_of
@@ -42,6 +43,9 @@ async def query(body: QueryBody, request: Request, service: KevService = Depends
         results = await service.results(request_id)
     finally:
         service.release(request_id)
+    failed = request_constraint_error(body, results)
+    if failed is not None:
+        raise failed
     return JSONResponse({"request_id": request_id, "results": [r.to_dict() for r in results]},
                         headers={"X-Request-Id": request_id})
 

@@ -49,13 +49,19 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_for: object | None = None  # the h11 state its deadline is for
-        self._refused = self.book.admit(self, self.client[0] if self.client else "unknown")
+        self._address = self.client[0] if self.client else "unknown"
+        self._over_cap = self.book.is_over_cap(self._address)  # refused for its address's cap, unless it proves real
+        self._refused = self.book.admit(self, self._address)
         if self._refused is not None:
             self._timer = self.loop.call_later(REFUSAL_S, self._refuse)
             return
         self._follow(h11.IDLE)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused is not None and self._over_cap and b"\r\n\r\n" in data:  # whole headers at once: real
+            if self.book.admit_complete(self, self._address) is None:
+                self._refused, self._over_cap = None, False
+                self._disarm()
         if self._refused is not None:  # its request has (begun to) arrive: answer it the 503
             return self._refuse()
         super().data_received(data)
@@ -118,6 +124,7 @@ class GuardedH11Protocol(H11Protocol):
 
 def guarded_h11(server: ServerConfig) -> type[GuardedH11Protocol]:
     """uvicorn.Config(http=...) takes a class: one with this server's deadlines and its own ConnectionBook."""
-    book = ConnectionBook(server.max_connections, server.max_connections_per_client, server.reserve_slots)
+    book = ConnectionBook(server.max_connections, server.max_connections_per_client, server.reserve_slots,
+                          proxies=frozenset(server.forwarded_allow_ips))
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {
         "book": book, "header_timeout_s": server.header_timeout_s, "body_timeout_s": server.body_timeout_s})

@@ -31,6 +31,11 @@ def test_cluster_up_answers_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
                                 cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
                                 stderr=subprocess.STDOUT)
     try:
+        wait_until(lambda: (tmp_path / "run" / "status.json").exists(), 240)  # written as the processes start
+        status = subprocess.run([sys.executable, "-m", "kev.cli.main", "cluster", "status", "--workdir",
+                                 str(tmp_path / "run")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                capture_output=True, text=True, timeout=120)
+        assert status.returncode == 0 and " starting " in status.stdout, status  # the model loads for many seconds
         deadline = time.monotonic() + 240
         while "Ctrl-C to stop" not in (tmp_path / "launcher.log").read_text() and time.monotonic() < deadline:
             assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()

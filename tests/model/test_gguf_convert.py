@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -56,10 +55,9 @@ def hf_tok(gguf_file: Path):
 
 def test_alias_resolves_to_complete_cached_folder(folder: Path) -> None:
     assert all((folder / name).is_file() for name in FILES)
-    start = time.perf_counter()
-    again = resolve_model_path(ALIAS)
-    assert again == folder
-    assert time.perf_counter() - start < 0.5  # cached: no reconversion
+    inode = (folder / "model.safetensors").stat().st_ino
+    again = resolve_model_path(ALIAS)  # checked against its manifest, not converted again
+    assert again == folder and (folder / "model.safetensors").stat().st_ino == inode
     assert resolve_model_path(str(folder)) == folder  # an HF folder resolves to itself
 
 

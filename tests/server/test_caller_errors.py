@@ -132,6 +132,19 @@ def test_the_kev_api_names_the_question_and_spares_its_neighbours(http: httpx.Cl
     assert any("NoExtensionBias" in line for line in logged), "the full text goes to the log with the request id"
 
 
+def test_a_request_level_constraint_that_matches_nothing_is_a_400_on_the_kev_api(http: httpx.Client) -> None:
+    impossible = {"regex": "[^\\s\\S]"}
+    response = http.post("/v1/query", json={"queries": ["Say something.", "Hi."], "max_tokens": 4,
+                                            "structured_outputs": impossible})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "structured_outputs" and "can match no text" in error["message"], error
+    overridden = http.post("/v1/query", json={"queries": ["Hi.", {"text": "Hi.", "structured_outputs": impossible}],
+                                              "max_tokens": 4, "structured_outputs": {"regex": "[a-z ]+"}})
+    assert overridden.status_code == 200, overridden.text  # the override's failure is that question's own
+    assert [r["status"] for r in overridden.json()["results"]] == ["ok", "error"]
+
+
 def test_a_prompt_over_the_context_is_400_naming_messages_or_prompt(http: httpx.Client) -> None:
     chat = http.post("/v1/chat/completions", json=chat_body({}, LONG))
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "messages", chat.text

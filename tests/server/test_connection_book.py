@@ -15,14 +15,30 @@ class Connection:
         self.evicted = True
 
 
-def test_one_address_holds_at_most_its_cap_and_others_still_get_in() -> None:
+def test_one_address_holds_at_most_its_cap_a_whole_request_takes_a_tricklers_place() -> None:
     book = ConnectionBook(max_connections=10, max_per_client=3, reserve=2)
     flood = [Connection() for _ in range(5)]
     answers = [book.admit(c, "10.0.0.2") for c in flood]
     assert answers[:3] == [None] * 3 and all("max_connections_per_client=3" in a for a in answers[3:] if a)
     assert book.admit(Connection(), "10.0.0.1") is None
-    book.close(flood[0])
+    real = Connection()
+    assert book.admit(real, "10.0.0.2") is not None  # over the cap: refused unless its first bytes are a request
+    assert book.admit_complete(real, "10.0.0.2") is None, "a whole request from the same address gets in"
+    assert [c.evicted for c in flood[:3]] == [True, False, False] and book.per_client["10.0.0.2"] == 3
+    for c in flood[1:3]:
+        book.sent_request(c)
+    last = Connection()
+    assert book.admit(last, "10.0.0.2") is not None
+    refused = book.admit_complete(last, "10.0.0.2")  # every connection there has sent a request: none to evict
+    assert refused and "max_connections_per_client=3" in refused
+    book.close(flood[1])
     assert book.admit(Connection(), "10.0.0.2") is None, "a closed connection frees its address's slot"
+
+
+def test_a_trusted_proxy_has_no_per_address_cap() -> None:
+    book = ConnectionBook(max_connections=10, max_per_client=1, reserve=2, proxies=frozenset({"10.0.0.9"}))
+    behind = [Connection() for _ in range(4)]
+    assert [book.admit(c, "10.0.0.9") for c in behind] == [None] * 4 and not any(c.evicted for c in behind)
 
 
 def test_connections_without_a_whole_request_leave_the_reserve_free() -> None:

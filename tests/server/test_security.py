@@ -123,10 +123,11 @@ def test_limits_answer_413_or_422_naming_field_and_limit(client: httpx.Client) -
     cases = [
         ({"queries": ["x" * 5000]}, 413, "body", "server.max_body_bytes=4096"),
         ({"queries": ["a"] * 5}, 413, "queries", "server.max_questions=4"),
-        ({"queries": ["a", "b" * 301]}, 413, "queries[1]", "server.max_question_chars=300"),
+        ({"queries": ["a", "b" * 301]}, 422, "queries[1]", "server.max_question_chars=300"),  # the schema's maxLength
         ({"queries": [[{"role": "user", "content": "c" * 200}, {"role": "user", "content": "c" * 101}]]}, 413,
          "queries[0]", "server.max_question_chars=300"),
-        ({"queries": ["a"], "system": "s" * 301}, 413, "system", "server.max_question_chars=300"),
+        ({"queries": ["a"], "system": "s" * 301}, 422, "system", "server.max_question_chars=300"),
+        ({"queries": [{"text": "t" * 301}]}, 422, "queries[0]", "server.max_question_chars=300"),
         ({"queries": ["a"], "max_tokens": 17}, 422, "max_tokens", "max_tokens_cap=16"),
         ({"queries": [{"text": "a", "max_tokens": 17}]}, 422, "queries[0].max_tokens", "max_tokens_cap=16"),
         ({"queries": ["a"], "timeout_ms": 60_001}, 422, "timeout_ms", "server.max_timeout_ms=60000"),

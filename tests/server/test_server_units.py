@@ -70,7 +70,8 @@ def test_limits_name_field_and_limit() -> None:
     lower = Limits.from_config(kev.load_config({"server": {"max_tokens_cap": 4}}))
     assert (lower.max_tokens_cap, lower.default_max_tokens) == (4, 4), "the default obeys the server cap"
     cases = [({"queries": ["a", "b", "c"]}, 413, "queries", "max_questions=2"),
-             ({"queries": ["a", "bbbbbb"]}, 413, "queries[1]", "max_question_chars=5"),
+             ({"queries": ["a", "bbbbbb"]}, 422, "queries[1]", "max_question_chars=5"),  # one string: maxLength
+             ({"queries": [[{"role": "user", "content": "bbb"}] * 2]}, 413, "queries[0]", "max_question_chars=5"),
              ({"queries": [{"text": "a", "max_tokens": 9}]}, 422, "queries[0].max_tokens", "max_tokens_cap=8")]
     for body, status, field_name, limit in cases:
         with pytest.raises(ApiError) as refused:
@@ -239,3 +240,29 @@ def test_the_published_schema_holds_the_servers_limits() -> None:
                                             "required": ["prompt_logprobs"]}  # max_tokens 0: scoring only
     temperature = schemas["QueryBody"]["properties"]["temperature"]["anyOf"]
     assert temperature[:2] == [{"type": "number", "enum": [0]}, {"type": "number", "maximum": 100.0, "minimum": 0.001}]
+
+
+def test_a_file_system_refusal_is_a_503_naming_the_path(tmp_path) -> None:
+    """Issue 37: a full disk or a read-only batch.dir in a route is the resource's fault, not a 500 traceback."""
+    import errno
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from kev.batch.store import BatchStore
+    from kev.server.errors import install_handlers
+
+    app = FastAPI()
+    install_handlers(app)
+
+    @app.get("/full")
+    def full() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "files" / "x.data"))
+
+    response = TestClient(app).get("/full")
+    assert response.status_code == 503 and response.headers["Retry-After"], response.text
+    message = response.json()["error"]["message"]
+    assert str(tmp_path / "files" / "x.data") in message and "no space left" in message, message
+    (tmp_path / "file").write_text("")
+    with pytest.raises(kev.ConfigError, match="batch.dir: .*file"):
+        BatchStore(tmp_path / "file" / "batches")  # a path through a file: one line naming the setting

@@ -38,11 +38,15 @@ def stream_in_background(server: ServerProcess, body: dict[str, Any]) -> tuple[t
 
 
 def test_sigterm_lets_in_flight_answers_finish(tmp_path: Path) -> None:
+    """Issue 37: while they finish, the socket stays open and a newcomer gets a 503 with Retry-After."""
     server = ServerProcess({"router": {"default_timeout_ms": 120_000}}, tmp_path, extra_args=["--grace", "120"]).start()
     try:
-        started, outcome = stream_in_background(server, {"queries": [COUNTING], "max_tokens": 24})
+        started, outcome = stream_in_background(server, {"queries": [COUNTING], "max_tokens": 64})
         assert started.wait(120)
         server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        wait_until(lambda: httpx.get(f"{server.url}/health", timeout=30).status_code == 503, what="draining")
+        newcomer = httpx.post(f"{server.url}/v1/query", json={"queries": ["Hi"], "max_tokens": 2}, timeout=30)
+        assert newcomer.status_code == 503 and newcomer.headers.get("Retry-After"), newcomer.text
         outcome["thread"].join(120)
         code = server.proc.wait(60)  # type: ignore[union-attr]
     finally:
@@ -51,7 +55,7 @@ def test_sigterm_lets_in_flight_answers_finish(tmp_path: Path) -> None:
     names = [name for name, _ in outcome["events"]]
     assert names[-1] == "done", outcome
     result = next(data for name, data in outcome["events"] if name == "result")
-    assert result["status"] == "ok" and result["completion_tokens"] == 24
+    assert result["status"] == "ok" and result["completion_tokens"] == 64
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/healthz", timeout=5)
 

@@ -58,13 +58,15 @@ def test_stalled_headers_and_bodies_are_closed_while_normal_requests_work(server
 
 def test_stalled_sockets_cannot_lock_real_clients_out(start_server) -> None:
     """Issue 24: sockets that trickle their headers once filled server.max_connections and every real client got
-    503. Now one address holds max_connections_per_client at most (more: 503 at once); sockets from many
+    503; issue 37: 1,000 from one address locked out every client at that address. Now one address holds
+    max_connections_per_client at most (more: 503, unless the new one's first bytes are a whole request: it takes
+    the place of the address's longest waiting, 408); sockets from many
     addresses that never finish a request make room for a new connection (the longest waiting is evicted: 408);
-    and real clients are answered beside them all."""
+    and real clients, from the tricklers' own address too, are answered beside them all."""
     server = start_server({"server": {"header_timeout_s": 5.0, "max_connections": 24,
                                       "max_connections_per_client": 10}}, api_key="k")
     head = b"POST /v1/query HTTP/1.1\r\nHost: x\r\n"
-    one_address = [stalled(server, head, "127.0.0.2") for _ in range(40)]
+    one_address = [stalled(server, head, "127.0.0.1") for _ in range(40)]  # the real client's address
     many_addresses = [stalled(server, head, f"127.0.0.{3 + i % 3}") for i in range(24)]  # 8 each: under the cap
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=120) as client:
         for _ in range(5):  # 64 stalled sockets opened, 24 the server's limit: still answered

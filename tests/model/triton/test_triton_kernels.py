@@ -120,10 +120,35 @@ def test_paged_attention_reads_queries_in_place_from_fused_rows():
                        attention_kernel.paged_attention(q, cache, tables, lengths, 16, 0.25))
 
 
+def k_blocked(rows: int, scales: list[float]) -> torch.Tensor:
+    """[rows, BLOCK_K × len(scales)]: small integers times a power of two that changes from one k block to the next.
+    Within a block every product and partial sum is exact in fp32 (any summation order, BLAS or MMA, gives the same
+    bits); across blocks the sums have different exponents, so adding them rounds and their order shows. The test
+    then sees the kernel's own decisions (its k blocks and their order, no split-K, the tile config) and not how
+    numpy's BLAS orders a block's products (OPENBLAS_CORETYPE moves that with a row's place in the block)."""
+    ints = torch.randint(-8, 9, (rows, gemm_kernel.BLOCK_K * len(scales)), generator=gen).float()
+    return (ints * torch.tensor(scales).repeat_interleave(gemm_kernel.BLOCK_K)).to(KERNEL_DEVICE)
+
+
+def sum_k_blocks(x: torch.Tensor, weight: torch.Tensor, order: list[int]) -> torch.Tensor:
+    """x Wᵀ in fp32, each k block's dot exact (float64, then fp32: exact for these inputs), blocks added in order."""
+    acc = torch.zeros(x.shape[0], weight.shape[0], device=x.device)
+    for block in order:
+        ks = slice(block * gemm_kernel.BLOCK_K, (block + 1) * gemm_kernel.BLOCK_K)
+        acc = acc + (x[:, ks].double() @ weight[:, ks].double().T).float()
+    return acc
+
+
 def test_persistent_gemm_rows_do_not_depend_on_row_count():
-    x, weight, bias = randn(70, 96), randn(150, 96), randn(150)  # 70 rows: two row tiles, the last one partial
+    scales = [2.0 ** -3, 2.0 ** -15, 2.0 ** -9]  # three k blocks whose sums round when added
+    x, weight = k_blocked(70, scales), k_blocked(150, scales)
+    bias = randn(150)  # 70 rows: two row tiles, the last one partial; 150 columns: two column tiles
     full = gemm_kernel.persistent_linear(x, weight, bias)
     torch.testing.assert_close(full, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4)
+    in_order = sum_k_blocks(x, weight, [0, 1, 2]) + bias
+    assert not torch.equal(in_order, sum_k_blocks(x, weight, [2, 1, 0]) + bias), "inputs blind to the k order"
+    if KERNEL_DEVICE.type == "cpu":  # the interpreter: one dot per k block, added to the accumulator left to right
+        assert torch.equal(full, in_order), "the kernel's k order is not its BLOCK_K blocks left to right"
     for start, rows in [(0, 1), (5, 3), (60, 10), (3, 64)]:
         part = gemm_kernel.persistent_linear(x[start: start + rows], weight, bias)
         assert torch.equal(part, full[start: start + rows]), f"rows {start}..{start + rows} at M={rows}"
