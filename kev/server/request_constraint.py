@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from kev.aggregator.result import Result
+from kev.results.result import Result
 from kev.server.api_models import QuestionObject, SubmitBody
 from kev.server.errors import ApiError
 
