@@ -43,7 +43,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     the server if the model cannot load (or the engine fails for good later: a tensor-parallel rank died).
 
     engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
-    metrics = ServerMetrics(served_model_name(config))
+    metrics = ServerMetrics(served_model_name(config), config.core.device)
     tenants = Tenants.from_config(config.server, api_key)  # a key that cannot be read stops the start here
     service = KevService(config, metrics, tenants)
     batches = BatchManager(service, BatchStore(config.batch.dir))

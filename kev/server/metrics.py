@@ -47,7 +47,9 @@ def reject_reason(result: Result) -> str | None:
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str = "kev") -> None:
+    def __init__(self, model_name: str = "kev", device: str = "auto") -> None:
+        """device: core.device, where a cluster's workers keep their KV cache (an engine here says its own)."""
+        self.device = device
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests = Counter("kev_http_requests", "HTTP requests answered", ["route", "method", "status"],
