@@ -16,7 +16,7 @@ from typing import Any
 from kev.config import load_config
 from kev.config.load import ConfigSource, explicit_values
 from kev.config.schema import KevConfig
-from kev.errors import ConfigError
+from kev.errors import ConfigError, KevError
 
 # vLLM's --dtype names (and Kev's own) -> core.precision
 DTYPES = {"auto": "auto", "float32": "fp32", "float": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16",

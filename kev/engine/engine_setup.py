@@ -124,6 +124,6 @@ def _gpu_budget(config: KevConfig, model: LlamaModel, num_blocks: int) -> int:
         raise ConfigError(f"core.gpu_memory_utilization {core.gpu_memory_utilization}: {fits} KV blocks fit, fewer "
                           f"than one channel's context needs ({blocks(core.max_context, core.block_size)} blocks for "
                           f"core.max_context {core.max_context}); raise it or lower core.max_context")
-    log.info("KV cache: core.gpu_memory_utilization %g of %.1f GiB: %d blocks fit, %d used", core.gpu_memory_utilization,
-             total / 2**30, fits, min(fits, num_blocks))
+    log.info("KV cache: core.gpu_memory_utilization %g of %.1f GiB: %d blocks fit, %d used",
+             core.gpu_memory_utilization, total / 2**30, fits, min(fits, num_blocks))
     return min(fits, num_blocks)
