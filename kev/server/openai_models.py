@@ -279,7 +279,10 @@ FinishReason = Literal["stop", "length", "timeout", "cancelled", "tool_calls"]
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
-    tool_calls: list[ToolCallOut] | None = None
+    refusal: str | None = Field(None, description="always null: Kev never refuses in place of an answer (OpenAI's "
+                                                  "required, nullable field)")
+    # absent, not null, without calls (OpenAI's schema: an array when present)
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda calls: calls is None)
 
 
 class ChatChoice(BaseModel):
