@@ -29,7 +29,7 @@ def _nullable(node: Any) -> Any:
     return node
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(name: str) -> jsonschema.Draft202012Validator:
     document = _document()
     assert name in document["components"]["schemas"], f"{name} is not shipped (add it to the roots)"
