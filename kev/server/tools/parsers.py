@@ -65,7 +65,7 @@ def _cut_array(text: str, names: set[str]) -> list[ParsedCall] | None:
 def _objects(body: str, pos: int, names: set[str], separators: str, cut: bool) -> list[ParsedCall] | None:
     """JSON call objects one after another from pos; with cut the last one may be cut short (kept with its partial
     arguments when its name is whole). None when one is not a call of an offered function, or does not parse."""
-    decoder, calls = json.JSONDecoder(), []
+    decoder, calls = json.JSONDecoder(), list[ParsedCall]()
     while True:
         while pos < len(body) and body[pos] in separators:
             pos += 1
