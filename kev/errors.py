@@ -20,8 +20,12 @@ class QuestionError(ValueError):
     """One question's own input is wrong; becomes that question's error result (its neighbours are answered)."""
 
 
+CONTEXT_OVERFLOW = "the prompt and at least one new token must fit"  # in its message: how a result is told apart
+
+
 class ContextOverflowError(QuestionError):
-    """The prompt leaves no room for a new token in core.max_context (the audit's context_overflow alert)."""
+    """The prompt leaves no room for a new token in core.max_context (a caller's mistake: kev_rejects_total
+    {reason="context_overflow"})."""
 
 
 class RejectedError(KevError):

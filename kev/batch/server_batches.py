@@ -214,5 +214,6 @@ class BatchManager:
 
 
 def public(record: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI Batch object (Kev's bookkeeping left out)."""
-    return {key: value for key, value in record.items() if key != "kev"}
+    """The OpenAI Batch object (Kev's bookkeeping left out; a time or file not reached yet is absent, not null, as
+    OpenAI's schema has no null for them)."""
+    return {key: value for key, value in record.items() if key != "kev" and (value is not None or key == "metadata")}

@@ -136,7 +136,9 @@ class BatchStore:
 
 def public_file(meta: dict[str, Any]) -> dict[str, Any]:
     """The OpenAI File object (Kev's bookkeeping left out)."""
-    return {key: value for key, value in meta.items() if key != "kev"}
+    # status_details: a string when set, absent otherwise (OpenAI's schema has no null for it)
+    return {key: value for key, value in meta.items()
+            if key != "kev" and not (key == "status_details" and value is None)}
 
 
 def owner(record: dict[str, Any]) -> str:

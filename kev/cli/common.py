@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from kev.cli.flags import FlagValue, config_with_flags, engine_flag_values
+from kev.cli.flags import FlagValue, config_with_flags, engine_flag_values, flag_notices
 from kev.config import KevConfig
 
 # (flag, config key, argparse dest) of the flags every engine command takes
@@ -22,7 +23,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16", "int8", "w8a8", "gguf"],
                         help="core.precision")
     parser.add_argument("--threads", type=int, help="core.threads (torch CPU threads)")
-    parser.add_argument("--tensor-parallel", type=int, help="core.tensor_parallel (ranks the model is split over)")
+    parser.add_argument("--tensor-parallel", "--tensor-parallel-size", "-tp", dest="tensor_parallel", type=int,
+                        help="core.tensor_parallel (ranks the model is split over; vLLM's --tensor-parallel-size)")
     parser.add_argument("--chat-template", help="core.chat_template: a Jinja file, or the template itself")
 
 
@@ -37,7 +39,10 @@ def config_and_flags(args: argparse.Namespace, extra: dict[str, Any] | None = No
     flags as applied (for the banner)."""
     given = [FlagValue(flag, key, getattr(args, dest)) for flag, key, dest in _CONFIG_FLAGS
              if getattr(args, dest) is not None]
-    return config_with_flags(args.config, given + engine_flag_values(args) + (flags or []), extra)
+    config, applied = config_with_flags(args.config, given + engine_flag_values(args) + (flags or []), extra)
+    for notice in flag_notices(args, config):
+        print(f"kev: {notice}", file=sys.stderr)
+    return config, applied
 
 
 class Report(Protocol):

@@ -46,7 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    flag = next((a for a in unknown if a.startswith("-")), None)
+    if flag is not None:  # one line naming it (argparse would print the whole usage first)
+        print(f"kev {args.command}: {flag.split('=')[0]} is not a flag of kev {args.command} (a vLLM flag Kev has "
+              f"no counterpart for, or a typo; `kev {args.command} --help` lists them, README's \"Coming from "
+              f"vLLM\" maps vLLM's)", file=sys.stderr)
+        return 2
+    if unknown:
+        print(f"kev {args.command}: unexpected argument {unknown[0]!r} (`kev {args.command} --help`)", file=sys.stderr)
+        return 2
     setup_logging(logging.INFO if args.verbose else logging.WARNING, getattr(args, "log_format", "text"))
     if hasattr(args, "log_level"):  # serve, worker, aggregator: their own level for Kev's loggers
         logging.getLogger("kev").setLevel(args.log_level.upper())

@@ -179,6 +179,9 @@ class CoreConfig(_Section):
     batch_invariant: bool = True
     threads: int | None = Field(None, ge=1)
     kv_cache_tokens: int | None = Field(None, ge=1)
+    # vLLM's --gpu-memory-utilization: on a GPU, the share of its memory weights + KV cache may take; the KV cache
+    # gets what is left after the weights and the step headroom, at most what the channels need. No effect on a CPU.
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     # Ranks one model is split over (Megatron-style, kev/model/tensor_parallel.py), each a process Kev starts; at most
     # the model's key/value heads. single: on core.device (CUDA: the next devices); multi_gpu: per replica, a group of
     # this many of deploy.devices.
@@ -237,6 +240,9 @@ class KevConfig(_Section):
         groups = (len(router.categories) + 1 if router.categories else 1) * (
             len(router.length_tiers) + 1 if router.strategy == "length_aware" else 1)
         size = self.core.tensor_parallel
+        if size > 1 and self.core.gpu_memory_utilization is not None:
+            raise ValueError("core.gpu_memory_utilization (--gpu-memory-utilization): not supported with "
+                             "core.tensor_parallel > 1 yet (each rank's KV share is sized by the channels); drop it")
         if self.deploy.mode == "multi_gpu" and len(self.deploy.devices) % size:
             raise ValueError(f"deploy.devices ({len(self.deploy.devices)}) must be a multiple of core.tensor_parallel "
                              f"({size}): each replica is a group of {size} devices")

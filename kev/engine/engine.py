@@ -38,7 +38,7 @@ from kev.engine.structured import GrammarCompiler
 from kev.engine.sampling_params import SamplingParams, sampling_of
 from kev.engine.submission import SubmitOptions, build_questions, new_request_id
 from kev.errors import (EngineFailedError, InvalidRequestError, OverflowTimeoutError, RejectedError, UnavailableError)
-from kev.engine.kv.audit import Alert, AuditLog
+from kev.engine.kv.audit import AuditLog
 from kev.model.device import pick_device
 from kev.model.step_metadata import StepMetadata
 
@@ -137,8 +137,8 @@ class Engine(RequestFront[Request]):
             finally:
                 self._lock.notify_all()
             for refused in errors:  # only an accepted request has results
-                if refused.overflows_context:
-                    self.audit.alert(Alert("context_overflow", f"request {request_id}: {refused.error}"))
+                # A prompt over the context is the caller's mistake, counted as a reject (kev_rejects_total), not
+                # an isolation alert: alerts are what the audit itself finds.
                 self.output.reject(request, refused.result)
         return request_id
 

@@ -20,7 +20,7 @@ from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.engine.row_tiling import row_tiling
 from kev.errors import ConfigError
 from kev.engine.kv.block_manager import BlockManager
-from kev.engine.kv.memory_plan import kv_pool_blocks
+from kev.engine.kv.memory_plan import KV_BYTES, blocks, gpu_budget_blocks, kv_pool_blocks
 from kev.engine.kv.prefix_store import PrefixStore
 from kev.model.device import pick_device
 from kev.model.llama import LlamaModel
@@ -75,6 +75,8 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     unified = config.isolation.kv_cache == "unified"
     num_blocks = kv_pool_blocks(config.isolation.kv_cache, core.max_context, core.block_size,
                                 router.max_parallel_queries, router.channel_pool_size, core.kv_cache_tokens)
+    if core.gpu_memory_utilization is not None and model.device.type == "cuda" and not unified:
+        num_blocks = _gpu_budget(config, model, num_blocks)
     blocks = BlockManager(num_blocks, core.block_size)
     if unified:
         for channel in range(router.channel_pool_size):
@@ -107,3 +109,21 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     eos_ids = set(tokenizer.eos_token_ids) | set(model.config.eos_token_ids)
     scheduler = Scheduler(limits, blocks, pool, prefixes, gateway, eos_ids)
     return EngineParts(tokenizer, runner, blocks, pool, scheduler, gateway)
+
+
+def _gpu_budget(config: KevConfig, model: LlamaModel, num_blocks: int) -> int:
+    """core.gpu_memory_utilization: the pool shrinks to what fits in that share of the GPU (never grows past what
+    the channels need); too small for one channel's context is a config error naming both."""
+    core, shape = config.core, model.config
+    per_block = core.block_size * 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * \
+        KV_BYTES[core.resolved_precision]
+    total = torch.cuda.get_device_properties(model.device).total_memory
+    fits = gpu_budget_blocks(core.gpu_memory_utilization or 1.0, total, torch.cuda.memory_allocated(model.device),
+                             per_block)
+    if fits < blocks(core.max_context, core.block_size):
+        raise ConfigError(f"core.gpu_memory_utilization {core.gpu_memory_utilization}: {fits} KV blocks fit, fewer "
+                          f"than one channel's context needs ({blocks(core.max_context, core.block_size)} blocks for "
+                          f"core.max_context {core.max_context}); raise it or lower core.max_context")
+    log.info("KV cache: core.gpu_memory_utilization %g of %.1f GiB: %d blocks fit, %d used",
+             core.gpu_memory_utilization, total / 2**30, fits, min(fits, num_blocks))
+    return min(fits, num_blocks)

@@ -129,9 +129,13 @@ def validate_sampling(values: Mapping[str, Any], base: SamplingParams, cap: int,
     presence = _number(pick("presence_penalty"), f"{where}presence_penalty", -2.0, 2.0)
     frequency = _number(pick("frequency_penalty"), f"{where}frequency_penalty", -2.0, 2.0)
     structured = pick("structured_outputs")  # its shape is checked where it is compiled (kev.engine.structured)
+    include_stop = pick("include_stop_str_in_output")
+    if not isinstance(include_stop, bool):
+        raise QuestionError(f"{where}include_stop_str_in_output: must be true or false, got {include_stop!r}")
     return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos, logprobs,
                           prompt_logprobs,
-                          _logit_bias(pick("logit_bias"), f"{where}logit_bias"), presence, frequency, structured)
+                          _logit_bias(pick("logit_bias"), f"{where}logit_bias"), presence, frequency, structured,
+                          include_stop)
 
 
 def request_sampling(params: SamplingParams, default_max_tokens: int, cap: int) -> SamplingParams:

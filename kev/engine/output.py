@@ -115,7 +115,7 @@ class OutputProcessor:
         for stop in q.sampling.stop:
             cut = state.text.find(stop)
             if cut >= 0:
-                state.text = state.text[:cut]
+                state.text = state.text[:cut + (len(stop) if q.sampling.include_stop_str_in_output else 0)]
                 self.stop(q)
                 return
         if out.finish_reason == "length" and len(q.output_ids) < q.sampling.token_limit:
@@ -140,9 +140,10 @@ class OutputProcessor:
         """The question is finished: flush its text, build its Result, hand it to its request (or hold it)."""
         if q.finish_reason != "stop" or not q.sampling.stop:
             tail = state.decoder.flush()
-            # An answer cut short (timeout, cancel) may end inside a character: drop its partial bytes
-            # (they decode as U+FFFD) so the text ends at a character boundary.
-            state.text += tail.rstrip(REPLACEMENT) if q.finish_reason in ABORTED else tail
+            # An answer cut short (max_tokens, the context, a timeout, a cancel) may end inside a character: its
+            # partial bytes (they decode as U+FFFD) stay out of the text and the deltas; the token ids keep them.
+            state.text += tail.rstrip(REPLACEMENT) if q.finish_reason in ABORTED or q.finish_reason == "length" \
+                else tail
         self._emit(q, state, final=True)
         del self._states[q]
         result = self._result(q, state)

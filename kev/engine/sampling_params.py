@@ -28,6 +28,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # times the number of times it was generated
     # One of json / json_object / regex / choice / grammar (kev.engine.structured compiles it at submit).
     structured_outputs: Mapping[str, Any] | None = None
+    include_stop_str_in_output: bool = False  # vLLM's: a stop string that ends the answer stays in its text
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SamplingParams:

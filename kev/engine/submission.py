@@ -15,7 +15,7 @@ from kev.engine.question import Question
 from kev.engine.sampling_params import SamplingParams
 from kev.engine.shared_starts import group_shared_starts
 from kev.engine.structured import CompiledGrammar, GrammarCompiler
-from kev.errors import ContextOverflowError, InvalidRequestError, QuestionError
+from kev.errors import CONTEXT_OVERFLOW, ContextOverflowError, InvalidRequestError, QuestionError
 from kev.model.tokenizer import Tokenizer
 from kev.router.features import QuestionFeatures
 from kev.router.normalize import Normalizer
@@ -183,7 +183,7 @@ def tokenize_question(spec: QuestionSpec, tokenizer: Tokenizer, index: int, max_
         ids = tokenizer.encode("\n".join(m["content"] for m in spec.messages or []))
     if len(ids) >= max_context:
         raise ContextOverflowError(f"queries[{index}]: prompt has {len(ids)} tokens; core.max_context is {max_context} "
-                            "(the prompt and at least one new token must fit)")
+                                   f"({CONTEXT_OVERFLOW})")
     return ids
 
 

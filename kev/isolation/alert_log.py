@@ -9,8 +9,7 @@ from typing import Any
 from kev.config import KevConfig
 
 ALERT_KINDS: tuple[str, ...] = ("cross_channel_visible", "block_in_two_tables", "write_to_readonly_block",
-                                "truncation_near_boundary", "chunk_boundary_in_prefix", "context_overflow",
-                                "shadow_mismatch")
+                                "truncation_near_boundary", "chunk_boundary_in_prefix", "shadow_mismatch")
 # A soak provokes answers cut at max_context on purpose: reported, but not a failure.
 EXPECTED_IN_SOAK: frozenset[str] = frozenset({"truncation_near_boundary"})
 

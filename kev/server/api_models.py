@@ -281,6 +281,8 @@ class ErrorDetail(BaseModel):
     type: str
     field: str | None
     param: str | None
+    code: str | None = Field(None, description="OpenAI's error code key: always null here (`type` and `field` say "
+                                               "what went wrong)")
 
 
 class ErrorResponse(BaseModel):

@@ -23,7 +23,8 @@ from kev.batch.server_batches import BatchManager
 from kev.batch.store import BatchStore
 from kev.errors import EngineFailedError, KevError
 from kev.model.tokenizer import Tokenizer
-from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_tokenizer
+from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_responses, routes_tokenizer
+from kev.server.responses.store import ResponseStore
 from kev.server.backend import EngineFactory, build_backend
 from kev.server.errors import install_handlers
 from kev.server.metrics import ServerMetrics
@@ -43,7 +44,7 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
     the server if the model cannot load (or the engine fails for good later: a tensor-parallel rank died).
 
     engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
-    metrics = ServerMetrics(served_model_name(config))
+    metrics = ServerMetrics(served_model_name(config), config.core.device)
     tenants = Tenants.from_config(config.server, api_key)  # a key that cannot be read stops the start here
     service = KevService(config, metrics, tenants)
     batches = BatchManager(service, BatchStore(config.batch.dir))
@@ -68,8 +69,10 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
                   description="Many independent questions, one forward pass, isolated channels.")
     app.state.service = service
     app.state.batches = batches
+    app.state.responses = ResponseStore()
     install_handlers(app)
-    for router in (routes_kev.router, routes_openai.router, routes_tokenizer.router, routes_batch.router,
+    for router in (routes_kev.router, routes_openai.router, routes_responses.router, routes_tokenizer.router,
+                   routes_batch.router,
                    routes_ops.router, playground.router):
         app.include_router(router)
     _document_served_model(app, service, config.isolation.level)

@@ -139,6 +139,8 @@ class EngineBridge:
         return await self.run(self.engine.load)
 
     async def refresh_metrics(self) -> None:
+        # Where the KV cache lives: the engine's device (a cluster router's workers: the config's core.device).
+        self.metrics.vllm.kv_on_cpu = str(self.describe().get("device", self.metrics.device)).startswith("cpu")
         states, queue_length = await self.channels()
         stats, alerts = await self.stats(), await self.run(self.engine.alert_counts)
         self.metrics.refresh(list(stats.recent), states, queue_length, alerts, await self.load())

@@ -52,7 +52,7 @@ class ApiError(HTTPException):
 
 def error_body(status_code: int, message: str, field: str | None, error_type: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": error_type or _TYPES.get(status_code, "server_error"),
-                      "field": field, "param": field}}
+                      "field": field, "param": field, "code": None}}  # code: OpenAI's required, nullable key
 
 
 def error_response(err: ApiError) -> JSONResponse:

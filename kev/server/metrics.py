@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from kev.results.result import Result
 from kev.engine.stats import EngineLoad, StepRecord
+from kev.errors import CONTEXT_OVERFLOW
 from kev.engine.kv.audit import ISOLATION_ALERTS, OTHER_ALERTS
 from kev.server.vllm_metrics import VllmMetrics
 
@@ -38,8 +39,17 @@ _TOKENS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 5
 ALERT_KINDS = ISOLATION_ALERTS + OTHER_ALERTS
 
 
+def reject_reason(result: Result) -> str | None:
+    """A question refused for the caller's input (its error names the caller's field): a reject, never an alert."""
+    if result.status != "error" or result.error_field is None:
+        return None
+    return "context_overflow" if CONTEXT_OVERFLOW in (result.error or "") else "invalid_question"
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str = "kev") -> None:
+    def __init__(self, model_name: str = "kev", device: str = "auto") -> None:
+        """device: core.device, where a cluster's workers keep their KV cache (an engine here says its own)."""
+        self.device = device
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.http_requests = Counter("kev_http_requests", "HTTP requests answered", ["route", "method", "status"],
@@ -57,7 +67,9 @@ class ServerMetrics:
         self.completion_tokens = Counter("kev_completion_tokens", "completion tokens of finished questions", registry=r)
         self.channel_tokens = Counter("kev_channel_completion_tokens", "completion tokens per channel", ["channel_id"],
                                       registry=r)
-        self.rejects = Counter("kev_rejects", "requests refused for lack of capacity", ["reason"], registry=r)
+        self.rejects = Counter("kev_rejects", "requests and questions refused: for lack of capacity (unavailable, "
+                               "server_busy, overflow_*, wait_timeout) or for the caller's input (context_overflow, "
+                               "invalid_question)", ["reason"], registry=r)
         self.question_seconds = Histogram("kev_question_seconds", "a question's time in its channel", buckets=_SECONDS,
                                           registry=r)
         self.ttft = Histogram("kev_time_to_first_token_seconds", "submit to first token of a question, queue included",
@@ -94,6 +106,9 @@ class ServerMetrics:
 
     def observe_result(self, result: Result) -> None:
         self.vllm.observe(result)
+        reason = reject_reason(result)
+        if reason is not None:
+            self.rejects.labels(reason).inc()
         status, channel = result.status, str(result.channel_id) if result.channel_id is not None else "none"
         reason = result.finish_reason or "none"
         self.questions.labels(status, reason).inc()

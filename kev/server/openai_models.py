@@ -102,6 +102,8 @@ class _Sampling(_OpenAIBody):
     # Kev extensions
     top_k: int | None = Field(None, ge=0)
     ignore_eos: bool | None = Field(None, description="vLLM's: keep generating past end-of-sequence tokens")
+    include_stop_str_in_output: bool | None = Field(None, description="vLLM's: the stop string that ended the answer "
+                                                                      "stays at the end of its text")
     isolation: Literal["strict", "shared", "loose"] | None = None
     timeout_ms: int | None = Field(None, ge=1)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
@@ -172,7 +174,8 @@ class _Sampling(_OpenAIBody):
             "max_tokens": max_tokens, "temperature": 1.0 if self.temperature is None else self.temperature,
             "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop, "structured_outputs": structured,
             "logit_bias": self.logit_bias or None, "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty, "ignore_eos": self.ignore_eos, **logprobs})
+            "frequency_penalty": self.frequency_penalty, "ignore_eos": self.ignore_eos,
+            "include_stop_str_in_output": self.include_stop_str_in_output, **logprobs})
 
     def request_options(self) -> dict[str, Any]:
         """submit()'s request-level options the body sets."""
@@ -276,7 +279,10 @@ FinishReason = Literal["stop", "length", "timeout", "cancelled", "tool_calls"]
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
-    tool_calls: list[ToolCallOut] | None = None
+    refusal: str | None = Field(None, description="always null: Kev never refuses in place of an answer (OpenAI's "
+                                                  "required, nullable field)")
+    # absent, not null, without calls (OpenAI's schema: an array when present)
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda calls: calls is None)
 
 
 class ChatChoice(BaseModel):

@@ -86,7 +86,9 @@ def _expiry(form: FileForm, default_s: int | None) -> int | None:
 @router.get("/v1/files", responses=error_responses(401), summary="The caller's files, newest first")
 async def list_files(batches: BatchManager = Depends(get_batches),
                      caller: Caller = Depends(caller_of)) -> dict[str, Any]:
-    return {"object": "list", "data": [public_file(f) for f in batches.store.files(caller.tenant)], "has_more": False}
+    files = [public_file(f) for f in batches.store.files(caller.tenant)]
+    return {"object": "list", "data": files, "first_id": files[0]["id"] if files else None,
+            "last_id": files[-1]["id"] if files else None, "has_more": False}
 
 
 @router.get("/v1/files/{file_id}", responses=error_responses(401, 404), summary="A file's description")

@@ -38,6 +38,16 @@ async def models(service: KevService = Depends(get_service)) -> ModelList:
                                      tool_prompt=prompt_kind(backend.tokenizer))])
 
 
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=error_responses(401, 404, 503),
+            summary="The served model's card (404 for any other id)")
+async def model(model_id: str, service: KevService = Depends(get_service)) -> ModelCard:
+    card = (await models(service)).data[0]
+    if model_id != card.id:
+        raise ApiError(404, f"model: {model_id!r} is not served here (this server serves {card.id!r})", "model",
+                       error_type="invalid_request_error")
+    return card
+
+
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses={**SSE_RESPONSE, **_ERRORS},
              summary="OpenAI chat completions; n choices run as n channels")
 async def chat_completions(body: ChatCompletionBody, request: Request,

@@ -127,6 +127,9 @@ class KevService:
             raise ApiError(503, str(err) or "no channel became free in time", None, headers=self.retry_after) from None
         finally:
             self.registry.unreserve()
+        for query in queries:  # vLLM's request_max_num_generation_tokens: what each question asked for
+            own = query.get("max_tokens") if isinstance(query, dict) else None
+            self.metrics.vllm.observe_asked(own if isinstance(own, int) else sampling.token_limit)
         tracked = Tracked(request_id, backend.watch(request_id, len(queries), listen), retained, tenant)
         if self.config.server.access_log:  # set before the loop runs again, so before the watch can finish
             tracked.watch.on_finish = lambda watch: log_access(request_id, api, watch.statuses, started,

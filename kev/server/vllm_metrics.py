@@ -5,8 +5,11 @@ Every series carries model_name (the served name, as vLLM's). Only what Kev has 
 question is vLLM's request (each channel's answer is one sequence), its times come from the result's own fields
 (queue_ms, ttft_ms, tpot_ms, elapsed_ms), so prefill time is first token minus queue and decode time the rest.
 vLLM's older names that its published dashboard still queries (gpu_cache_usage_perc, time_per_output_token_seconds)
-are exported too. Not exported: vllm:request_max_num_generation_tokens (a result does not keep the max_tokens
-asked) and vllm:num_preemptions_total (Kev never preempts a channel). examples/vllm-dashboard-queries.md lists
+are exported too, and what its dashboard reads of vLLM's swap-era engine: vllm:num_requests_swapped (always 0:
+a Kev channel's KV blocks are never swapped out), vllm:cpu_cache_usage_perc (the KV use when the KV cache lives in
+CPU memory, core.device cpu; 0 on a GPU, where nothing is kept in CPU memory) and
+vllm:request_max_num_generation_tokens (each question's max_tokens as asked, observed when it is submitted).
+Not exported: vllm:num_preemptions_total (Kev never preempts a channel). examples/vllm-dashboard-queries.md lists
 the queries.
 """
 from __future__ import annotations
@@ -34,6 +37,11 @@ class VllmMetrics:
         self.waiting = gauge("vllm:num_requests_waiting", "questions not started yet (kev_questions_waiting)")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV blocks in use / KV blocks (0-1)")
         self.gpu_kv_usage = gauge("vllm:gpu_cache_usage_perc", "vLLM's older name of vllm:kv_cache_usage_perc")
+        self.cpu_kv_usage = gauge("vllm:cpu_cache_usage_perc", "KV blocks in use / KV blocks when the KV cache is in "
+                                  "CPU memory (core.device cpu), else 0")
+        self.swapped = gauge("vllm:num_requests_swapped", "questions swapped out: always 0 (Kev never swaps a "
+                             "channel's KV blocks out)")
+        self.kv_on_cpu = False  # set once the engine says where its KV cache lives
         self.ttft = hist("vllm:time_to_first_token_seconds", "submit to first token, queue included", _LATENCY)
         self.e2e = hist("vllm:e2e_request_latency_seconds", "submit to end of a question", _LATENCY)
         self.itl = hist("vllm:inter_token_latency_seconds", "time between two output tokens", _PER_TOKEN)
@@ -44,6 +52,8 @@ class VllmMetrics:
         self.inference = hist("vllm:request_inference_time_seconds", "time in a channel (prefill + decode)", _LATENCY)
         self.prompt_lengths = hist("vllm:request_prompt_tokens", "prompt tokens of one question", _TOKENS)
         self.generation_lengths = hist("vllm:request_generation_tokens", "generated tokens of one question", _TOKENS)
+        self.max_generation = hist("vllm:request_max_num_generation_tokens", "max_tokens one question asked for "
+                                   "(observed at submit)", _TOKENS)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "prompt tokens of finished questions", labels,
                                      registry=r).labels(model_name)
         self.generation_tokens = Counter("vllm:generation_tokens", "generated tokens of finished questions", labels,
@@ -76,4 +86,9 @@ class VllmMetrics:
         self.running.set(load.num_running)
         self.waiting.set(load.num_waiting)
         self.kv_usage.set(load.kv_usage)
-        self.gpu_kv_usage.set(load.kv_usage)
+        self.gpu_kv_usage.set(load.kv_usage)  # its older name of the KV use, wherever the KV cache is
+        self.cpu_kv_usage.set(load.kv_usage if self.kv_on_cpu else 0.0)
+        self.swapped.set(0)
+
+    def observe_asked(self, max_tokens: int) -> None:
+        self.max_generation.observe(max_tokens)

@@ -82,6 +82,29 @@ def test_eos_is_not_text_and_a_cut_answer_ends_at_a_character_boundary(tokenizer
     assert h.request.results[1].text == "Waves " and h.request.results[1].status == "timeout"
 
 
+def test_a_max_tokens_cut_inside_a_character_holds_its_bytes_back_from_text_and_deltas(tokenizer):
+    h, q = Harness(tokenizer), question()
+    ids = tokenizer.encode("Waves 🌊")
+    for token in ids[:-2]:
+        h.feed(q, token)
+    h.feed(q, ids[-2], "length")  # max_tokens reached in the middle of the emoji's bytes
+    (result,) = h.request.results.values()
+    assert result.text == "Waves " and result.token_ids == ids[:-1] and result.finish_reason == "length"
+    assert "".join(e.text for e in h.events) == "Waves "
+
+
+@pytest.mark.parametrize("include, text", [(False, "The sea is "), (True, "The sea is blue")])
+def test_include_stop_str_in_output_keeps_the_stop_string(tokenizer, include, text):
+    h = Harness(tokenizer)
+    q = Question("r", 0, [1], SamplingParams(64, stop=("blue",), include_stop_str_in_output=include), None,
+                 channel_id=0)
+    for token in tokenizer.encode("The sea is blue today"):
+        if not q.is_finished:
+            h.feed(q, token)
+    (result,) = h.request.results.values()
+    assert result.finish_reason == "stop" and result.text == text and "".join(e.text for e in h.events) == text
+
+
 def test_an_answer_reaching_max_context_is_audited(tokenizer):
     h, q = Harness(tokenizer), question()
     h.feed(q, tokenizer.encode("Hi")[0], "length")  # "length" before max_tokens: the channel's context is full

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 from harness import ServerProcess
 from tiny_qwen import build_tiny_qwen
@@ -135,6 +136,87 @@ def test_tool_choice_none_answers_text(client: openai.OpenAI, model: str) -> Non
     reply = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="none",
                                            max_tokens=16, temperature=0)
     assert reply.choices[0].message.tool_calls is None and reply.choices[0].finish_reason in ("stop", "length")
+
+
+class Item(pydantic.BaseModel):
+    sku: str
+    qty: int = pydantic.Field(ge=1, le=9)
+    size: Literal["S", "M", "L"]
+    gift_note: str | None = None
+
+
+class Order(pydantic.BaseModel):
+    """Place an order of several items."""
+
+    items: list[Item]
+    express: bool
+
+
+class Folder(pydantic.BaseModel):
+    """A folder tree (recursive)."""
+
+    name: str
+    children: list[Folder] = pydantic.Field(max_length=2)
+
+
+class Payment(pydantic.BaseModel):
+    """Pay by card or by transfer."""
+
+    method: Item | Order
+
+
+PYDANTIC_TOOLS: list[Any] = [openai.pydantic_function_tool(m) for m in (Order, Folder, Payment)]
+
+
+def _valid_for_its_model(call: Any) -> None:
+    model = {"Order": Order, "Folder": Folder, "Payment": Payment}[call.function.name]
+    model.model_validate_json(call.function.arguments)  # raises when the grammar let anything else through
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "Order"}},
+                                         {"type": "function", "function": {"name": "Folder"}}, "auto"])
+def test_pydantic_function_tools_with_defs_refs_and_unions(client: openai.OpenAI, model: str,
+                                                           tool_choice: Any) -> None:
+    """$defs/$ref (nested and recursive), anyOf, enums, nullable fields: every forced call validates as its model."""
+    assert "$defs" in PYDANTIC_TOOLS[0]["function"]["parameters"]
+    reply = client.chat.completions.create(model=model, messages=ASK, tools=PYDANTIC_TOOLS, tool_choice=tool_choice,
+                                           n=3, temperature=1.0, seed=5, max_tokens=160)
+    for choice in reply.choices:
+        if tool_choice == "auto":
+            assert choice.message.content is not None or choice.message.tool_calls
+            continue
+        if choice.finish_reason == "length":  # a small model may nest deep: the cut call comes back partial
+            assert choice.message.tool_calls
+            continue
+        assert choice.finish_reason == "tool_calls", choice
+        for call in choice.message.tool_calls or []:
+            _valid_for_its_model(call)
+
+
+def test_a_schema_keyword_the_grammar_cannot_enforce_names_the_tool(client: openai.OpenAI, model: str) -> None:
+    unique = {"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}}}
+    for tool_choice in ("required", {"type": "function", "function": {"name": "tag"}}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=model, messages=ASK, tools=[*TOOLS, unique], tool_choice=tool_choice,
+                                           max_tokens=4)
+        body: Any = caught.value.body
+        assert body["param"] == "tools[2].function.parameters"
+        assert "'tag'" in body["message"] and "uniqueItems" in body["message"]
+
+
+def test_a_forced_call_cut_by_max_tokens_comes_back_as_calls_with_finish_length(client: openai.OpenAI,
+                                                                                model: str) -> None:
+    # get_weather's call is at least 10 tokens of name and 9 of arguments: 13 and 5 tokens cut its arguments.
+    for tool_choice, max_tokens in (("required", 13), ({"type": "function", "function": {"name": "get_weather"}}, 5)):
+        kwargs: Any = dict(model=model, messages=ASK, tools=TOOLS[:1], tool_choice=tool_choice,
+                           max_tokens=max_tokens, temperature=0)
+        reply = client.chat.completions.create(**kwargs)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "length" and choice.message.content is None
+        assert choice.message.tool_calls and choice.message.tool_calls[-1].function.name == "get_weather"
+        content, calls, reason = _accumulate(client.chat.completions.create(**kwargs, stream=True))
+        assert reason == "length" and not content and calls == _calls(choice.message)
 
 
 @pytest.mark.parametrize("body, status, param", [

@@ -61,6 +61,35 @@ def test_required_array_parses_and_a_cut_array_is_no_call() -> None:
     assert schema["maxItems"] == 1 and schema["items"]["anyOf"][0]["properties"]["name"] == {"const": "get_weather"}
 
 
+def test_required_grammar_moves_each_tools_defs_under_its_own_name() -> None:
+    item = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    tool = ToolDef.model_validate({"type": "function", "function": {"name": "order", "parameters": {
+        "$defs": {"Item": item}, "type": "object",
+        "properties": {"items": {"type": "array", "items": {"$ref": "#/$defs/Item"}}, "sub": {"$ref": "#"}}}}})
+    schema = required_schema([WEATHER, tool], parallel=True)["json"]
+    moved = schema["$defs"]["tool1"]
+    assert moved["properties"]["items"]["items"] == {"$ref": "#/$defs/tool1/$defs/Item"}
+    assert moved["properties"]["sub"] == {"$ref": "#/$defs/tool1"}
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"$ref": "#/$defs/tool1"}
+
+
+def test_a_call_cut_by_max_tokens_keeps_the_whole_calls_and_the_partial_one() -> None:
+    cut = '[{"name": "get_time", "parameters": {"zone": "UTC"}}, {"name": "get_weather", "parameters": {"ci'
+    calls = parse_required(cut, NAMES, cut=True)
+    assert calls is not None and [c.name for c in calls] == ["get_time", "get_weather"]
+    assert calls[1].arguments == '{"ci'
+    assert parse_required(cut, NAMES) is None  # an answer that ended on its own and does not parse is no call
+    hermes = 'Sure. <tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n<tool_call>\n' \
+             '{"name": "get_weather", "arguments": {"city": "Pa'
+    parsed = parse(hermes, "hermes", NAMES, cut=True)
+    assert parsed.content == "Sure. " and [c.arguments for c in parsed.calls] == ['{"zone": "UTC"}', '{"city": "Pa']
+    assert parse(hermes, "hermes", NAMES).calls == []
+    reply = ToolReply("required", "hermes", NAMES, "kev_generic")
+    content, streamed, finish = _stream(reply, [cut[:30], cut[30:]], reason="length")
+    assert finish == "length" and content == "" and [c["function"]["name"] for c in streamed] == \
+        ["get_time", "get_weather"]
+
+
 def _stream(reply: ToolReply, pieces: list[str], reason: str = "stop") -> tuple[str, list[dict], str | None]:
     content, calls = "", []
     deltas = [d for piece in pieces for d in reply.deltas(0, piece)]

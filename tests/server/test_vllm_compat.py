@@ -23,10 +23,11 @@ NAME = "smol-served"
 
 
 def dashboard_series() -> set[str]:
-    block = QUERIES.read_text().split("```promql")[1].split("```")[0]
-    queries = "\n".join(line for line in block.splitlines() if not line.startswith("#"))
-    names = set(re.findall(r"\bvllm:[a-z0-9_:]+", queries)) - {"vllm:"}
-    assert len(names) >= 15
+    blocks = [part.split("```")[0] for part in QUERIES.read_text().split("```promql")[1:]]
+    dashboard = [line for line in blocks[0].splitlines() if line.strip() and not line.startswith("#")]
+    assert len(dashboard) == 29  # every expression of vLLM's dashboard, one per line
+    names = set(re.findall(r"\bvllm:[a-z0-9_:]+", "\n".join(blocks))) - {"vllm:"}
+    assert len(names) >= 20
     return names
 
 
@@ -64,6 +65,44 @@ def test_a_flag_contradicting_the_yaml_names_both(capsys, tmp_path: Path, comman
     assert err == f"kev {command[0]}: --dtype float16 contradicts core.precision: bf16 in {config}; drop one of them"
     assert main([*command, "--config", config, "--dtype", "bfloat16", "--max-model-len", "1024"]) == 2
     assert "--max-model-len 1024 contradicts core.max_context: 2048" in capsys.readouterr().err
+
+
+def test_max_model_len_above_the_models_maximum_names_both(capsys) -> None:
+    assert main(["serve", "smollm2-135m-instruct", "--max-model-len", "20000"]) == 2
+    assert capsys.readouterr().err.startswith("kev serve: --max-model-len 20000 is above the model's maximum, 8192 "
+                                              "tokens")
+
+
+def test_a_vllm_flag_kev_lacks_is_one_line_naming_it(capsys) -> None:
+    assert main(["serve", "smollm2-135m-instruct", "--swap-space", "4", "--enforce-eager"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kev serve: --swap-space is not a flag of kev serve")
+
+
+def test_vllm_deploy_flags_map_or_say_what_they_mean(capsys, tmp_path: Path) -> None:
+    from kev.cli.common import config_and_flags
+    from kev.cli.main import build_parser
+
+    args = build_parser().parse_args(["serve", "smollm2-135m-instruct", "--tensor-parallel-size", "2",
+                                      "--trust-remote-code", "--config", _yaml(tmp_path, {"core": {"device": "cpu"}})])
+    config, flags = config_and_flags(args)
+    assert config.core.tensor_parallel == 2 and "--tensor-parallel" in [f.flag for f in flags]
+    assert "--trust-remote-code: accepted; Kev runs no code from a model folder" in capsys.readouterr().err
+    args = build_parser().parse_args(["serve", "--gpu-memory-utilization", "0.9", "--config",
+                                      _yaml(tmp_path, {"core": {"device": "cpu"}})])
+    config, _ = config_and_flags(args)
+    err = capsys.readouterr().err.strip()
+    assert config.core.gpu_memory_utilization == 0.9 and err.count("\n") == 0
+    assert err.startswith("kev: --gpu-memory-utilization 0.9: no GPU here (core.device cpu)")
+
+
+def test_gpu_memory_utilization_sizes_the_pool_by_the_memory_left() -> None:
+    from kev.engine.kv.memory_plan import gpu_budget_blocks
+
+    gib = 2**30
+    # 0.9 of 80 GiB = 72 GiB; minus 16 GiB of weights and 8 GiB headroom (10%): 48 GiB of 1 MiB blocks.
+    assert gpu_budget_blocks(0.9, 80 * gib, 16 * gib, 2**20) == 48 * 1024
+    assert gpu_budget_blocks(0.1, 80 * gib, 16 * gib, 2**20) == 0
 
 
 def test_model_argument_and_model_flag_must_agree(capsys) -> None:
@@ -115,3 +154,17 @@ def test_vllm_names_carry_kev_quantities(scrape: str) -> None:
     assert finished == 3 and metric(scrape, "vllm:request_success_total", finished_reason="abort") == 0
     assert metric(scrape, "vllm:num_requests_running") == metric(scrape, "kev_questions_running") == 0
     assert metric(scrape, "vllm:kv_cache_usage_perc") == metric(scrape, "kev_kv_cache_usage_ratio")
+    # This server runs on a CPU: its KV cache is in CPU memory; nothing is ever swapped.
+    assert metric(scrape, "vllm:cpu_cache_usage_perc") == metric(scrape, "vllm:kv_cache_usage_perc")
+    assert metric(scrape, "vllm:num_requests_swapped") == 0
+    assert metric(scrape, "vllm:request_max_num_generation_tokens_count") == 3
+    assert metric(scrape, "vllm:request_max_num_generation_tokens_sum") == 8 + 8 + 3
+
+
+def test_a_prompt_over_the_context_is_a_reject_not_an_isolation_alert(server: ServerProcess, client_for) -> None:
+    client = client_for(server)
+    reply = client.post("/v1/completions", json={"model": NAME, "prompt": "word " * 2000, "max_tokens": 3})
+    assert reply.status_code == 400 and "max_context" in reply.json()["error"]["message"]
+    scrape = client.get("/metrics").text
+    assert metric(scrape, "kev_rejects_total", reason="context_overflow") == 1
+    assert 'kind="context_overflow"' not in scrape

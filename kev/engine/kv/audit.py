@@ -24,7 +24,7 @@ log = logging.getLogger("kev.audit")
 
 ISOLATION_ALERTS = ("cross_channel_visible", "block_in_two_tables", "write_to_readonly_block",
                     "chunk_boundary_in_prefix", "block_integrity")
-OTHER_ALERTS = ("truncation_near_boundary", "context_overflow", "shadow_mismatch")
+OTHER_ALERTS = ("truncation_near_boundary", "shadow_mismatch")
 
 
 @dataclass

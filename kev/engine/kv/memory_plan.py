@@ -142,6 +142,14 @@ def kv_pool_blocks(kv_cache: str, max_context: int, block_size: int, channels: i
     return channels * per_channel
 
 
+def gpu_budget_blocks(fraction: float, total_bytes: int, weight_bytes: int, bytes_per_block: int) -> int:
+    """vLLM's --gpu-memory-utilization on Kev's pool: the KV blocks that fit in fraction x the device's memory once
+    the weights and the step headroom are in (the headroom rule of the memory plan, activations left out: they
+    are inside the 10%)."""
+    headroom = max(int(total_bytes * HEADROOM_FRACTION), HEADROOM_MIN_BYTES)
+    return max(0, int(fraction * total_bytes) - weight_bytes - headroom) // bytes_per_block
+
+
 def blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 

@@ -5,6 +5,8 @@ hermes (Hermes 2 Pro, Qwen 2.5 / 3, and Kev's generic prompt): text, then one or
 llama3_json (Llama 3.1 / 3.2 / 3.3): the whole answer is {"name": "f", "parameters": {...}} (after an optional
   <|python_tag|>), several separated by "; ".
 An answer that does not parse, or names a function that was not offered, stays text: never a guessed call.
+An answer cut by max_tokens (cut=True) is read as OpenAI returns one: the complete calls parsed and the cut one with
+its partial `arguments` text, when its name was written whole.
 """
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ from typing import Any
 HERMES_OPEN = "<tool_call>"
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
+# A call object cut after its name: {"name": "f", "arguments": <partial arguments text>
+_CUT_CALL = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"'
+                       r'(?:\s*,\s*"(?:arguments|parameters)"\s*:\s*(.*)|[^{}"]*"?[a-z]*)\Z', re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -30,23 +35,65 @@ class Parsed:
     calls: list[ParsedCall]
 
 
-def parse(text: str, parser: str, names: set[str]) -> Parsed:
+def parse(text: str, parser: str, names: set[str], cut: bool = False) -> Parsed:
     """The answer's text and calls under tool_choice auto."""
-    calls = _hermes(text, names) if parser == "hermes" else _llama3(text, names)
+    calls = _hermes(text, names, cut) if parser == "hermes" else _llama3(text, names, cut)
     if calls is None:
         return Parsed(text, [])
     content = text[:text.find(HERMES_OPEN)] if parser == "hermes" else ""  # as vLLM: the text before, unstripped
     return Parsed(content if content.strip() else None, calls)
 
 
-def parse_required(text: str, names: set[str]) -> list[ParsedCall] | None:
-    """The JSON array a `required` answer was generated as: [{"name", "parameters"}, ...]; None if cut short."""
+def parse_required(text: str, names: set[str], cut: bool = False) -> list[ParsedCall] | None:
+    """The JSON array a `required` answer was generated as: [{"name", "parameters"}, ...]; None if cut short
+    (unless cut: then the calls written so far, the last maybe partial)."""
     try:
         items = json.loads(text)
     except ValueError:
-        return None
+        return _cut_array(text, names) if cut else None
     calls = [_call(item, ("parameters", "arguments"), names) for item in items] if isinstance(items, list) else [None]
     return None if any(c is None for c in calls) else [c for c in calls if c is not None]
+
+
+def _cut_array(text: str, names: set[str]) -> list[ParsedCall] | None:
+    body = text.lstrip()
+    if not body.startswith("["):
+        return None
+    return _objects(body, 1, names, ", \t\r\n]", cut=True) or None
+
+
+def _objects(body: str, pos: int, names: set[str], separators: str, cut: bool) -> list[ParsedCall] | None:
+    """JSON call objects one after another from pos; with cut the last one may be cut short (kept with its partial
+    arguments when its name is whole). None when one is not a call of an offered function, or does not parse."""
+    decoder, calls = json.JSONDecoder(), list[ParsedCall]()
+    while True:
+        while pos < len(body) and body[pos] in separators:
+            pos += 1
+        if pos >= len(body):
+            return calls
+        try:
+            obj, pos = decoder.raw_decode(body, pos)
+        except ValueError:
+            if not cut:
+                return None
+            partial = cut_call(body[pos:], names)
+            return calls + [partial] if partial is not None else calls
+        call = _call(obj, ("parameters", "arguments"), names)
+        if call is None:
+            return None
+        calls.append(call)
+
+
+def cut_call(text: str, names: set[str]) -> ParsedCall | None:
+    """A call object cut short: its name (whole, offered) and the arguments text written so far."""
+    match = _CUT_CALL.match(text)
+    if match is None:
+        return None
+    try:
+        name = json.loads(f'"{match.group(1)}"')
+    except ValueError:
+        return None
+    return ParsedCall(name, (match.group(2) or "").rstrip()) if name in names else None
 
 
 def may_start_call(text: str, parser: str) -> int | None:
@@ -63,30 +110,21 @@ def may_start_call(text: str, parser: str) -> int | None:
     return None
 
 
-def _hermes(text: str, names: set[str]) -> list[ParsedCall] | None:
+def _hermes(text: str, names: set[str], cut: bool = False) -> list[ParsedCall] | None:
     start = text.find(HERMES_OPEN)
     if start < 0:
         return None
-    calls = [_call(_json(m.group(1)), ("arguments", "parameters"), names)
-             for m in _HERMES_BLOCK.finditer(text, start)]
+    blocks = list(_HERMES_BLOCK.finditer(text, start))
+    calls = [_call(_json(m.group(1)), ("arguments", "parameters"), names) for m in blocks]
+    if cut and calls and calls[-1] is None and not blocks[-1].group(0).rstrip().endswith("</tool_call>"):
+        calls[-1] = cut_call(blocks[-1].group(1), names)  # the block the cut left open
+        if calls[-1] is None:
+            calls.pop()
     return None if not calls or any(c is None for c in calls) else [c for c in calls if c is not None]
 
 
-def _llama3(text: str, names: set[str]) -> list[ParsedCall] | None:
-    body = text.strip().removeprefix(_PYTHON_TAG).lstrip()
-    decoder, pos, calls = json.JSONDecoder(), 0, []
-    while pos < len(body):
-        try:
-            obj, pos = decoder.raw_decode(body, pos)
-        except ValueError:
-            return None
-        call = _call(obj, ("parameters", "arguments"), names)
-        if call is None:
-            return None
-        calls.append(call)
-        while pos < len(body) and body[pos] in " \t\r\n;":
-            pos += 1
-    return calls or None
+def _llama3(text: str, names: set[str], cut: bool = False) -> list[ParsedCall] | None:
+    return _objects(text.strip().removeprefix(_PYTHON_TAG).lstrip(), 0, names, " \t\r\n;", cut) or None
 
 
 def _json(text: str) -> Any:

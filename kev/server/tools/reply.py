@@ -36,18 +36,19 @@ class ToolReply:
     parallel: bool = True  # parallel_tool_calls: false keeps an auto answer's first call only
     _choices: dict[int, _ChoiceText] = field(default_factory=dict)
 
-    def parsed(self, text: str) -> Parsed:
+    def parsed(self, text: str, cut: bool = False) -> Parsed:
+        """cut: the answer hit max_tokens (its last call may be partial: kept, as OpenAI returns it)."""
         if self.mode == "named" and self.named is not None:
             return Parsed(None, [ParsedCall(self.named, text)])
         if self.mode == "required":  # its grammar already holds it to one call without parallel_tool_calls
-            calls = parse_required(text, self.names)
+            calls = parse_required(text, self.names, cut)
             return Parsed(None, calls) if calls else Parsed(text, [])
-        parsed = parse(text, self.parser, self.names) if self.mode == "auto" else Parsed(text, [])
+        parsed = parse(text, self.parser, self.names, cut) if self.mode == "auto" else Parsed(text, [])
         return parsed if self.parallel else Parsed(parsed.content, parsed.calls[:1])
 
     def shape(self, choice: ChatChoice) -> ChatChoice:
         """A finished choice, its text turned into calls where it holds them."""
-        parsed = self.parsed(choice.message.content or "")
+        parsed = self.parsed(choice.message.content or "", cut=choice.finish_reason == "length")
         if not parsed.calls:
             return choice
         message = ChatMessageOut(content=parsed.content,
@@ -78,7 +79,7 @@ class ToolReply:
         state = self._choices.pop(index, _ChoiceText())
         if self.mode == "named":
             return ([] if state.announced else [_call_delta(0, self.named or "", "", call_id())]), _reason(reason)
-        parsed = self.parsed(state.text) if self.mode != "none" else Parsed(state.text, [])
+        parsed = self.parsed(state.text, cut=reason == "length") if self.mode != "none" else Parsed(state.text, [])
         if parsed.calls:
             return [_call_delta(i, c.name, c.arguments, call_id()) for i, c in enumerate(parsed.calls)], \
                 _reason(reason)

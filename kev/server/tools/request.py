@@ -36,7 +36,7 @@ def plan_tools(body: ChatCompletionBody, tokenizer: Tokenizer, parser: Parser, s
     structure, named = None, None
     if isinstance(choice, NamedToolChoice):
         tool = named_tool(tools, choice)
-        named, structure = tool.function.name, named_schema(tool)
+        named, structure = tool.function.name, named_schema(tool, tools.index(tool))
     elif choice == "required":
         structure = required_schema(tools, body.parallel_tool_calls is not False)
     _check_combinations(body, mode, structure)

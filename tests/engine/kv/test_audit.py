@@ -135,4 +135,4 @@ def test_context_overflow_and_truncation(audited):
     assert results[1].status == "ok" and results[1].finish_reason == "length"
     assert results[1].prompt_tokens + results[1].completion_tokens == 96
     kinds = [a["alert"] for a in records(path, "alert")]
-    assert kinds == ["context_overflow", "truncation_near_boundary"]
+    assert kinds == ["truncation_near_boundary"]  # the prompt over the context is the caller's: a reject, no alert
