@@ -130,7 +130,7 @@ class KevService:
         tracked = Tracked(request_id, backend.watch(request_id, len(queries), listen), retained, tenant)
         if self.config.server.access_log:  # set before the loop runs again, so before the watch can finish
             tracked.watch.on_finish = lambda watch: log_access(request_id, api, watch.statuses, started,
-                                                               tracked.cancelled)
+                                                               tracked.cancelled, tenant)
         self.registry.add(tracked)
         self.metrics.requests.labels(api).inc()
         return tracked
