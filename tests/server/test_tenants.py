@@ -1,7 +1,7 @@
 """Callers as isolated as questions, on a real `kev serve` with three tenants and an operator key (docs/security.md):
-another tenant's requests, files and batches are 404s, /v1/channels counts them but names none of their channels, the operator's routes
-are the operator's, a probe of another tenant's prompt moves nothing the prober can read, and DELETE on a request in
-flight answers 200 whatever route it came by."""
+another tenant's requests, files and batches are 404s, /v1/channels counts them but names none of their channels,
+the operator's routes are the operator's, a probe of another tenant's prompt moves nothing the prober can read, and
+DELETE on a request in flight answers 200 whatever route it came by."""
 from __future__ import annotations
 
 import json
