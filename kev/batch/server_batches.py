@@ -177,7 +177,8 @@ class BatchManager:
                 saved[0] = time.monotonic()
 
         try:
-            runner = BatchRunner(backend, self.builder.model_name, self.max_inflight, tenant=owner(record))
+            runner = BatchRunner(backend, self.builder.model_name, self.max_inflight, tenant=owner(record),
+                                 work_class="batch")
             await runner.run(requests, emit, stop)
         finally:
             outputs.close()
