@@ -1,11 +1,11 @@
 """The cluster bus only Kev can use: per-role NATS users for `kev cluster up` (docs/security.md, "The cluster").
 
 Each role (router, worker, aggregator) gets its own user and a random password, and NATS its permissions: only the
-router publishes work items and cancels and writes the requests bucket; only workers take work items (pull from the
-work stream) and publish answers and deltas; only the aggregator takes answers (pulls the results stream), writes
-the answers bucket and relays to routers. Every role may use the JetStream API to declare what it needs, minus the
-pulls and reads that are another role's. NATS refuses any connection without a user, so a local process that holds
-no credential reads and writes nothing. Files are 0600 in a 0700 folder.
+router publishes work items and cancels and writes the requests bucket (and claims a cancelled question's answer);
+only workers take work items (pull from the work stream) and publish answers and deltas; only the aggregator takes
+answers (pulls the results stream) and relays them to routers. Every role may use the JetStream API to declare
+what it needs, minus the pulls and reads that are another role's. NATS refuses any connection without a user, so a
+local process that holds no credential reads and writes nothing. Files are 0600 in a 0700 folder.
 """
 from __future__ import annotations
 
@@ -50,7 +50,9 @@ def permissions(role: str, prefix: str) -> dict[str, dict[str, list[str]]]:
     read_answers = [f"$JS.API.DIRECT.GET.KV_{p}_answers.>", f"$JS.API.DIRECT.GET.KV_{p}_answers",
                     f"$JS.API.STREAM.MSG.GET.KV_{p}_answers"]
     if role == "router":
-        return {"publish": {"allow": [f"{p}.work.>", f"{p}.cancel", f"{p}.dead.>", f"$KV.{p}_requests.>", *js],
+        # the answers bucket: a cancelled question's answer is the router's to claim
+        return {"publish": {"allow": [f"{p}.work.>", f"{p}.cancel", f"{p}.dead.>", f"$KV.{p}_requests.>",
+                                      f"$KV.{p}_answers.>", *js],
                             "deny": [take_work, take_results]},
                 "subscribe": {"allow": [f"{p}.out.>", f"{p}.status.>", "_INBOX.>"]}}
     if role == "worker":

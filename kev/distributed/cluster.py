@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import signal
 import subprocess
 import sys
@@ -61,13 +62,13 @@ class LocalCluster:
     def up(self, timeout: float = 300.0) -> None:
         private_folder(self.workdir)  # keys, passwords and every tenant's key: the owner's alone
         private_folder(self.workdir / "nats")
-        users = new_users()
+        users, secret = new_users(), secrets.token_urlsafe(32)
         prefix = load_config(self.config).deploy.subject_prefix
         auth = self.workdir / "nats" / "users.conf"
         write_private(auth, nats_config(users, prefix))
         self.nats = NatsServer(self.workdir / "nats", self.nats_port, config_file=auth).start()
         self.nats_state = ProcessState("nats-server", self.nats.proc.pid if self.nats.proc else None)
-        paths, api_key = self._write_configs(self.nats.url, users)
+        paths, api_key = self._write_configs(self.nats.url, users, secret)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._spawn("aggregator", ["aggregator", "--config", str(paths["aggregator"])])
         threads = ["--threads", str(self.worker_threads)] if self.worker_threads else []
@@ -79,13 +80,16 @@ class LocalCluster:
         self._wait_ready(timeout)
         self.write_status()
 
-    def _write_configs(self, nats_url: str, users: dict[str, RoleUser]) -> tuple[dict[str, Path], str | None]:
-        """One config per role (kev.yaml is the router's), each with that role's NATS user alone; 0600."""
+    def _write_configs(self, nats_url: str, users: dict[str, RoleUser],
+                       secret: str) -> tuple[dict[str, Path], str | None]:
+        """One config per role (kev.yaml is the router's), each with that role's NATS user alone and the cluster
+        secret that tags every message (deploy.cluster_secret); 0600."""
         paths, config = {}, None
         for role, user in users.items():
             config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url,
                                                           "workers": self.num_workers, "devices": [],
-                                                          "nats_user": f"kev-{role}", "nats_password": user.password},
+                                                          "nats_user": f"kev-{role}", "nats_password": user.password,
+                                                          "cluster_secret": secret},
                                                "server": {"host": self.host, "port": self.port}})
             paths[role] = self.workdir / ("kev.yaml" if role == "router" else f"kev-{role}.yaml")
             # JSON is YAML

@@ -1,7 +1,7 @@
 """The cluster bus only Kev can use (kev/distributed/bus_auth.py): a real nats-server with `kev cluster up`'s users
 and permissions, and a real nats-py client: no credentials, the connection is refused; another role's, publishing
 or taking what is not its role's is denied (a forged work item from a worker's credentials, a spoofed answer from
-the router's, a worker pulling answers)."""
+the router's, a worker pulling answers); and a message without the cluster secret's tag is refused on receipt."""
 from __future__ import annotations
 
 import asyncio
@@ -57,8 +57,8 @@ def test_no_credentials_is_refused_and_each_role_only_does_its_own(tmp_path: Pat
             assert forged and "permissions violation" in forged[0].lower(), "a worker cannot publish work items"
             spoofed = await violations(server.url, "kev-router", users["router"].password, "kev.result.r1")
             assert spoofed and "permissions violation" in spoofed[0].lower(), "the router cannot publish answers"
-            kv = await violations(server.url, "kev-router", users["router"].password, "$KV.kev_answers.r1.0")
-            assert kv and "permissions violation" in kv[0].lower(), "nor write the answers bucket"
+            kv = await violations(server.url, "kev-worker", users["worker"].password, "$KV.kev_answers.r1.0")
+            assert kv and "permissions violation" in kv[0].lower(), "a worker cannot write the answers bucket"
             pull = await violations(server.url, "kev-worker", users["worker"].password,
                                     "$JS.API.CONSUMER.MSG.NEXT.KEV_RESULTS.KEV_aggregator")
             assert pull and "permissions violation" in pull[0].lower(), "a worker cannot take answers"
@@ -70,3 +70,25 @@ def test_no_credentials_is_refused_and_each_role_only_does_its_own(tmp_path: Pat
         asyncio.run(check())
     finally:
         server.stop()
+
+
+def test_a_message_without_the_cluster_secrets_tag_is_never_read() -> None:
+    from kev.distributed.messages import MalformedMessage, WorkItem, decode, seal, unseal, use_cluster_secret
+
+    item = WorkItem(request_id="r1", index=0, question="Say hi.", reply="router1", submitted_at=0.0)
+    try:
+        use_cluster_secret("s" * 40)
+        sealed = item.encode()
+        assert decode(WorkItem, sealed) == item
+        forged = item.model_copy(update={"options": {"tenant": "alice"}}).model_dump_json().encode()
+        for data in (forged, b"0" * 64 + b" " + forged, sealed.replace(b"Say hi.", b"Say no.")):
+            with pytest.raises(MalformedMessage, match="authentication tag"):
+                decode(WorkItem, data)
+        with pytest.raises(MalformedMessage):
+            unseal(b'{"text": "SPOOFED"}', "answer")
+        use_cluster_secret("t" * 40)
+        with pytest.raises(MalformedMessage):
+            decode(WorkItem, sealed)
+    finally:
+        use_cluster_secret(None)
+    assert decode(WorkItem, item.encode()) == item and seal(b"x") == b"x", "no secret: no tags"
