@@ -31,10 +31,11 @@ RETRY_S = (0.05, 0.2, 1.0)  # backoff while the pool is full or the queue unreac
 
 class BatchRunner:
     def __init__(self, backend: EngineBridge, model_name: str, max_inflight: int, ordered: bool = False,
-                 tenant: str | None = None) -> None:
-        """tenant: whose requests these are (a server batch's owner, `kev batch --tenant`); None: the default."""
+                 tenant: str | None = None, work_class: str | None = None) -> None:
+        """tenant: whose requests these are (a server batch's owner, `kev batch --tenant`); None: the default.
+        work_class: "batch" for a server's batches (they wait behind live requests); None: live (a local job)."""
         self.backend, self.model_name = backend, model_name
-        self.max_inflight, self.ordered, self.tenant = max_inflight, ordered, tenant
+        self.max_inflight, self.ordered, self.tenant, self.work_class = max_inflight, ordered, tenant, work_class
 
     async def run(self, requests: list[BatchRequest], emit: Emit, stop: asyncio.Event) -> bool:
         """True when every request was answered; False when stopped first."""
@@ -94,6 +95,7 @@ class BatchRunner:
         """The request_id, or None when stopped first; InvalidRequestError passes through."""
         attempt = 0
         options = options if self.tenant is None else {**options, "tenant": self.tenant}
+        options = options if self.work_class is None else {**options, "work_class": self.work_class}
         while not stop.is_set():
             try:
                 return await self.backend.submit(queries, sampling, options)

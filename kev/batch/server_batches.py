@@ -9,9 +9,11 @@ A shutdown stops the tasks without writing what was cut short.
 from __future__ import annotations
 
 import asyncio
-import builtins  # BatchManager.list (the route's verb) shadows the type inside the class
+import builtins
+import json  # BatchManager.list (the route's verb) shadows the type inside the class
 import logging
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from kev.batch.input_file import LineError, read_lines
@@ -38,6 +40,8 @@ class BatchManager:
         self.builder = RequestBuilder.from_config(service.config)
         self.max_inflight = default_max_inflight(service.config)
         self.max_requests = service.config.batch.max_requests
+        self.quota_bytes = service.config.batch.tenant_quota_bytes
+        self._unsealed: Counter[str] = Counter()  # per tenant: output bytes of running batches, not yet in usage()
         self._live: dict[str, dict[str, Any]] = {}  # running batches: their record, the one copy that changes
         self._stops: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -118,7 +122,9 @@ class BatchManager:
             remaining = self._resume(record, requests)
             if record["status"] != "cancelling" and remaining:
                 await self._answer(record, remaining, stop)
-            if record["status"] == "cancelling":
+            if (over := record["kev"].pop("over_quota", None)) is not None:
+                self._finish(record, "failed", [LineError(0, None, "batch.tenant_quota_bytes", over)], seal=True)
+            elif record["status"] == "cancelling":
                 self._finish(record, "cancelled")
             elif not stop.is_set():
                 self._finish(record, "completed")
@@ -168,7 +174,22 @@ class BatchManager:
         failures = OutputFile(self.store.data_path(record["kev"]["errors"]))
         saved = [time.monotonic()]
 
+        tenant, written = owner(record), [0]
+
         def emit(_: BatchRequest, line: dict[str, Any]) -> None:
+            size = len((json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
+            if self.quota_bytes is not None and (record["kev"].get("over_quota") or self.store.usage(tenant)
+                                                 + self._unsealed[tenant] + size > self.quota_bytes):
+                # batch outputs count in the tenant's quota as uploads do: the line that would pass it is not
+                # written, the batch stops and fails naming the limit; what it answered stays readable
+                record["kev"]["over_quota"] = (f"the output would take tenant {tenant!r} past "
+                                               f"batch.tenant_quota_bytes={self.quota_bytes}; "
+                                               f"{sum(record['request_counts'][k] for k in ('completed', 'failed'))} "
+                                               "lines were answered")
+                stop.set()
+                return
+            self._unsealed[tenant] += size
+            written[0] += size
             failed = is_failure(line)
             (failures if failed else outputs).write(line)
             record["request_counts"]["failed" if failed else "completed"] += 1
@@ -177,11 +198,13 @@ class BatchManager:
                 saved[0] = time.monotonic()
 
         try:
-            runner = BatchRunner(backend, self.builder.model_name, self.max_inflight, tenant=owner(record))
+            runner = BatchRunner(backend, self.builder.model_name, self.max_inflight, tenant=owner(record),
+                                 work_class="batch")
             await runner.run(requests, emit, stop)
         finally:
             outputs.close()
             failures.close()
+            self._unsealed[tenant] -= written[0]  # sealed next, into usage()
 
     async def _backend(self, stop: asyncio.Event) -> EngineBridge | None:
         """The server's backend once it is ready (the model may still be loading after a restart)."""
@@ -194,7 +217,9 @@ class BatchManager:
                 pass
         return None
 
-    def _finish(self, record: dict[str, Any], status: str, errors: builtins.list[LineError] | None = None) -> None:
+    def _finish(self, record: dict[str, Any], status: str, errors: builtins.list[LineError] | None = None,
+                seal: bool = False) -> None:
+        """seal: a failed batch keeps what it answered (it stopped at the tenant's quota)."""
         now = int(time.time())
         record["status"] = status
         if status == "failed":
@@ -202,8 +227,9 @@ class BatchManager:
                 {"code": "invalid_request", "message": str(e) if e.line_no else
                  (f"{e.field}: " if e.field else "") + e.message, "param": e.field, "line": e.line_no or None}
                 for e in (errors or [])[:100]]})
-        else:
-            record.update(finalizing_at=now, **{f"{status}_at": now})
+        if status != "failed" or seal:
+            if status != "failed":
+                record.update(finalizing_at=now, **{f"{status}_at": now})
             record["output_file_id"] = self.store.seal_file(record["kev"]["output"], f"{record['id']}_output.jsonl",
                                                             "batch_output", owner(record))["id"]
             if record["request_counts"]["failed"]:

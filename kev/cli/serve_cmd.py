@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (else ${API_KEY_ENV}, else "
                                            f"server.api_key); a flag is visible to every user in `ps`: "
                                            f"set ${API_KEY_ENV} to keep the key out of it")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="serve without API keys, on purpose (server.auth: none); the log says so")
     parser.add_argument("--max-body-bytes", type=int, help="server.max_body_bytes")
     parser.add_argument("--max-questions", type=int, help="server.max_questions (per request)")
     parser.add_argument("--max-question-chars", type=int, help="server.max_question_chars")
@@ -71,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
     config, flags = config_and_flags(args, {"deploy": {"mode": "distributed", "nats_url": args.nats_url}}
                                      if args.nats_url else None, _serve_flags(args))
     _check_port_free(config.server.host, config.server.port)
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    # a key given but empty (KEV_API_KEY="") is an error naming where, never an open server
+    api_key, source = ((args.api_key, "--api-key") if args.api_key is not None else
+                       (os.environ[API_KEY_ENV], f"${API_KEY_ENV}") if API_KEY_ENV in os.environ else (None, ""))
     failed: list[Exception] = []
     holder: list[uvicorn.Server] = []
 
@@ -79,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         failed.append(err)
         holder[0].should_exit = True
 
-    app = build_app(config, api_key=api_key, on_load_failed=stop_on_load_failure)
+    app = build_app(config, api_key=api_key, on_load_failed=stop_on_load_failure, api_key_source=source,
+                    no_auth=args.no_auth)
     grace = config.server.shutdown_grace_s
     uvicorn_config = uvicorn.Config(
         app, host=config.server.host, port=config.server.port, log_level=args.log_level, log_config=None,
@@ -113,6 +118,8 @@ def _serve_flags(args: argparse.Namespace) -> list[FlagValue]:
     flags = [FlagValue("MODEL", "core.model_path", model_path(args.model_arg))] if args.model_arg else []
     flags += [FlagValue(flag, f"server.{dest}", getattr(args, dest)) for dest, flag in _SERVER_FLAGS.items()
               if getattr(args, dest) is not None]
+    if args.no_auth:
+        flags.append(FlagValue("--no-auth", "server.auth", "none"))
     if args.api_key:
         flags.append(FlagValue("--api-key", "server.api_key", args.api_key, secret=True))
     return flags

@@ -45,6 +45,10 @@ class DeployConfig(BaseModel):
     nats_token: str | None = None
     nats_creds_file: str | None = None  # a NATS .creds file (JWT + nkey seed), for operator-mode servers
     nats_tls: NatsTls | None = None
+    # Every message between roles (work items, answers, deltas, request records) carries an HMAC-SHA256 tag with this
+    # secret; one without it, or with a wrong one, is dropped and counted as a dead letter, never served.
+    # `kev cluster up` makes one. None: no tags (the NATS users and permissions are the only check).
+    cluster_secret: str | None = Field(None, min_length=32)
     subject_prefix: str = "kev"  # subjects, streams and buckets are named after it: two clusters can share NATS
     partitions: int | None = Field(None, ge=1, le=1024)  # work partitions the router hashes over; default `workers`
     # JetStream copies of every stream and bucket (3 on a 3-node NATS cluster)

@@ -15,6 +15,7 @@ from kev.config.batch_config import BatchConfig
 from kev.config.deploy_config import DeployConfig
 from kev.config.precision import pick_precision
 from kev.config.server_config import ServerConfig
+from kev.config.sharing_config import SharingConfig
 
 log = logging.getLogger("kev.config")
 
@@ -214,6 +215,7 @@ class KevConfig(_Section):
     audit: AuditConfig = AuditConfig()
     server: ServerConfig = ServerConfig()
     batch: BatchConfig = BatchConfig()
+    sharing: SharingConfig = SharingConfig()
 
     @model_validator(mode="before")
     @classmethod

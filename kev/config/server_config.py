@@ -36,6 +36,10 @@ class ServerConfig(BaseModel):
     # Bearer token every route but /healthz requires; the CLI flag and KEV_API_KEY override it. It is the key of
     # one tenant, "default" (docs/security.md).
     api_key: str | None = Field(None, min_length=1)
+    # auto: keys when any is configured, else an open server (a laptop's default; the log says so). keys: refuse to
+    # start without one. none: an open server on purpose (also --no-auth): every caller is tenant "default" and the
+    # operator; the banner says so, and setting a key as well is an error.
+    auth: Literal["auto", "keys", "none"] = "auto"
     # Tenants: name -> key (a string, or {env: VAR} / {file: PATH}, read at start-up). Each tenant sees only its own
     # requests, files and batches; under loose its prompts are cached for itself alone.
     api_keys: dict[str, str | KeySource] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from functools import partial
 from pathlib import Path
 
 from kev.config import ConfigSource, load_config
+from kev.distributed.bus_auth import RoleUser, new_users, nats_config, private_folder, write_private
 from kev.distributed.nats_server import NatsServer
 from kev.distributed.supervisor import ProcessState, write_status
 from kev.errors import KevError
@@ -58,32 +60,46 @@ class LocalCluster:
         return f"http://{self.host}:{self.port}"
 
     def up(self, timeout: float = 300.0) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.nats = NatsServer(self.workdir / "nats", self.nats_port).start()
+        private_folder(self.workdir)  # keys, passwords and every tenant's key: the owner's alone
+        private_folder(self.workdir / "nats")
+        users, secret = new_users(), secrets.token_urlsafe(32)
+        prefix = load_config(self.config).deploy.subject_prefix
+        auth = self.workdir / "nats" / "users.conf"
+        write_private(auth, nats_config(users, prefix))
+        self.nats = NatsServer(self.workdir / "nats", self.nats_port, config_file=auth).start()
         self.nats_state = ProcessState("nats-server", self.nats.proc.pid if self.nats.proc else None)
-        config_path, api_key = self._write_config(self.nats.url)
+        paths, api_key = self._write_configs(self.nats.url, users, secret)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        base = ["--config", str(config_path)]
-        self._spawn("aggregator", ["aggregator", *base])
+        self._spawn("aggregator", ["aggregator", "--config", str(paths["aggregator"])])
         threads = ["--threads", str(self.worker_threads)] if self.worker_threads else []
         for i in range(self.num_workers):
-            self._spawn(f"worker{i}", ["worker", *base, "--partition", str(i), "--id", f"worker{i}", *threads])
-        self._spawn("router", ["serve", *base])  # its host and port are in the config (a flag may not contradict it)
+            self._spawn(f"worker{i}", ["worker", "--config", str(paths["worker"]), "--partition", str(i), "--id",
+                                       f"worker{i}", *threads])
+        # its host and port are in the config (a flag may not contradict it)
+        self._spawn("router", ["serve", "--config", str(paths["router"])])
         self.write_status()  # each process "starting" (loading a model takes a minute or two): status can say so
         self._wait_ready(timeout)
         for child in self.children:
             child.state.state = "running"
         self.write_status()
 
-    def _write_config(self, nats_url: str) -> tuple[Path, str | None]:
-        config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url,
-                                                      "workers": self.num_workers, "devices": []},
-                                           "server": {"host": self.host, "port": self.port}})
-        path = self.workdir / "kev.yaml"
-        # JSON is YAML
-        path.write_text(json.dumps({"kev": config.model_dump(mode="json", exclude_none=True)}, indent=1))
+    def _write_configs(self, nats_url: str, users: dict[str, RoleUser],
+                       secret: str) -> tuple[dict[str, Path], str | None]:
+        """One config per role (kev.yaml is the router's), each with that role's NATS user alone and the cluster
+        secret that tags every message (deploy.cluster_secret); 0600."""
+        paths, config = {}, None
+        for role, user in users.items():
+            config = load_config(self.config, {"deploy": {"mode": "distributed", "nats_url": nats_url,
+                                                          "workers": self.num_workers, "devices": [],
+                                                          "nats_user": f"kev-{role}", "nats_password": user.password,
+                                                          "cluster_secret": secret},
+                                               "server": {"host": self.host, "port": self.port}})
+            paths[role] = self.workdir / ("kev.yaml" if role == "router" else f"kev-{role}.yaml")
+            # JSON is YAML
+            write_private(paths[role], json.dumps({"kev": config.model_dump(mode="json", exclude_none=True)}, indent=1))
+        assert config is not None
         # the readiness probe reads /v1/channels (every worker's): the operator's key, or the lone tenant's
-        return path, Tenants.from_config(config.server).any_key()
+        return paths, Tenants.from_config(config.server).any_key()
 
     def _spawn(self, name: str, args: list[str]) -> None:
         proc = self._popen(name, args)

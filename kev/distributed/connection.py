@@ -20,6 +20,7 @@ from nats.js.errors import BadRequestError
 from nats.js.kv import KeyValue
 
 from kev.config.deploy_config import DeployConfig
+from kev.distributed.messages import use_cluster_secret
 from kev.distributed.subjects import Topology
 
 log = logging.getLogger("kev.distributed")
@@ -83,6 +84,7 @@ class Link:
 async def connect(deploy: DeployConfig, name: str, on_disconnect: Callback | None = None,
                   on_reconnect: Callback | None = None) -> Link:
     """One attempt: connect, declare the topology. Raises if NATS is unreachable."""
+    use_cluster_secret(deploy.cluster_secret)  # this process's messages are tagged, and checked, from here on
 
     async def quiet(err: Exception) -> None:  # nats-py prints a traceback per failed reconnect otherwise
         log.debug("nats (%s): %s", name, err)

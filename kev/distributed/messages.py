@@ -5,6 +5,8 @@ Deadlines and request metadata travel inside the messages; times are unix second
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -15,13 +17,42 @@ VERSION: Literal[1] = 1
 Token = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # goes into a subject: one token
 
 
+_tag_key: list[bytes] = []  # the cluster secret (deploy.cluster_secret), once this process has connected
+TAG_BYTES = 64  # hex of HMAC-SHA256
+
+
+def use_cluster_secret(secret: str | None) -> None:
+    """From connect(): every message this process encodes is tagged, and every one it decodes must be."""
+    _tag_key[:] = [secret.encode()] if secret else []
+
+
+def _tag(body: bytes) -> bytes:
+    return hmac.new(_tag_key[0], body, hashlib.sha256).hexdigest().encode()
+
+
+def seal(body: bytes) -> bytes:
+    """body with its authentication tag in front (as is without a cluster secret)."""
+    return _tag(body) + b" " + body if _tag_key else body
+
+
+def unseal(data: bytes, what: str) -> bytes:
+    """The body of a sealed message; MalformedMessage when its tag is missing or wrong (a forgery)."""
+    if not _tag_key:
+        return data
+    tag, body = data[:TAG_BYTES], data[TAG_BYTES + 1:]
+    if len(data) <= TAG_BYTES or data[TAG_BYTES:TAG_BYTES + 1] != b" " or not hmac.compare_digest(tag, _tag(body)):
+        raise MalformedMessage(f"not a valid {what}: its authentication tag (deploy.cluster_secret) is missing or "
+                               "wrong")
+    return body
+
+
 class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     v: Literal[1] = VERSION
 
     def encode(self) -> bytes:
-        return self.model_dump_json().encode()
+        return seal(self.model_dump_json().encode())
 
 
 class WorkItem(_Message):
@@ -129,6 +160,7 @@ M = TypeVar("M", bound=_Message)
 
 
 def decode(model: type[M], data: bytes) -> M:
+    data = unseal(data, model.__name__)  # a forged item or a spoofed answer: malformed, dropped and counted
     try:
         return model.model_validate_json(data)
     except ValidationError as err:

@@ -39,6 +39,7 @@ class NatsServer:
     port: int = 0  # 0: a free port, chosen at the first start and kept for restarts
     host: str = "127.0.0.1"
     proc: subprocess.Popen[bytes] | None = None
+    config_file: Path | None = None  # users and permissions (kev/distributed/bus_auth.py); None: open to anyone
 
     @property
     def url(self) -> str:
@@ -52,7 +53,7 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port(self.host)
         args = [find_nats_server(), "--jetstream", "--store_dir", str(self.store_dir), "--addr", self.host,
-                "--port", str(self.port)]
+                "--port", str(self.port), *(["--config", str(self.config_file)] if self.config_file else [])]
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

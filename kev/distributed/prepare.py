@@ -35,7 +35,8 @@ class Prepared:
 def validate_options(config: KevConfig, sampling: SamplingParams, options: dict[str, Any]) -> SubmitOptions:
     """Request-level checks of Engine.submit (InvalidRequestError naming the field)."""
     return SubmitOptions.validate(config, options.get("isolation"), options.get("max_parallel"),
-                                  options.get("timeout_ms"), options.get("system"), sampling, options.get("tenant"))
+                                  options.get("timeout_ms"), options.get("system"), sampling, options.get("tenant"),
+                                  options.get("work_class"))
 
 
 def prepare(queries: list[Any], request_id: str, submit: SubmitOptions, config: KevConfig, tokenizer: Tokenizer,

@@ -1,7 +1,7 @@
 """ChannelPool: channel_pool_size pre-created channels, reused like database connections.
 
 A channel runs at most one question at a time; the questions the router bound to it
-wait in its own queue, highest priority first, then in arrival order. An idle channel
+wait in its own queue, live before batch, highest priority first, then in arrival order. An idle channel
 (nothing running, nothing queued) always takes a question; a busy one only while fewer
 than queue_depth wait in its queue (router.channel_queue_depth; 0, the default: never).
 """
@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from kev.engine.question import Question
 
 
-def queue_order(q: Question) -> tuple[int, int]:
-    return (-q.priority, q.arrival or 0)
+def queue_order(q: Question) -> tuple[int, int, int]:
+    """Live before batch lines (docs/security.md, "Sharing"), then priority, then arrival."""
+    return (q.work_class == "batch", -q.priority, q.arrival or 0)
 
 
 @dataclass

@@ -97,7 +97,7 @@ class Engine(RequestFront[Request]):
     # --- public API ----------------------------------------------------------
     def submit(self, queries: list[Any], sampling: SamplingParams | None = None, *, isolation: str | None = None,
                max_parallel: int | None = None, timeout_ms: int | None = None, system: str | None = None,
-               tenant: str | None = None, **sampling_options: Any) -> str:
+               tenant: str | None = None, work_class: str | None = None, **sampling_options: Any) -> str:
         """Route the questions to channels; returns a request_id. Bad questions become error results.
 
         sampling: how every question samples (kev.engine.sampling_params.SamplingParams; a question given as a
@@ -106,13 +106,15 @@ class Engine(RequestFront[Request]):
         alternatives; prompt_logprobs: every prompt token's too (then max_tokens may be 0: score only), both of
         the model's distribution before temperature, top-k/top-p and any grammar. tenant: whose request (the
         server's API key names it; default "default"): under loose, a prefix other than the operator's public
-        one is reused only by requests of the same tenant.
+        one is reused only by requests of the same tenant. work_class: live (default) or batch (a server batch's
+        lines): batch waits behind live work and holds at most its share of the slots (sharing.*).
 
         When no channel can take a question, router.overflow_policy decides: `wait` blocks
         here (OverflowTimeoutError after the question's timeout_ms), `queue` and `reject`
         return at once or raise RejectedError."""
         sampling = sampling_of(sampling, sampling_options)
-        options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling, tenant)
+        options = SubmitOptions.validate(self.config, isolation, max_parallel, timeout_ms, system, sampling, tenant,
+                                         work_class)
         if not isinstance(queries, (list, tuple)) or not queries:
             raise InvalidRequestError("queries: must be a non-empty list")
         request_id = new_request_id()

@@ -16,6 +16,7 @@ from kev.engine.channel_pool import ChannelPool
 from kev.engine.embedder import MeanEmbedder
 from kev.engine.model_runner import ModelRunner
 from kev.engine.prefix_jobs import PrefixJobs
+from kev.engine.fair_share import FairShare
 from kev.engine.scheduler import Scheduler, SchedulerLimits
 from kev.engine.row_tiling import row_tiling
 from kev.errors import ConfigError
@@ -107,7 +108,8 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     log.info("router: %s, channel groups %s", router.strategy,
              [(g.name, len(g.channels), g.slots) for g in gateway.layout.groups])
     eos_ids = set(tokenizer.eos_token_ids) | set(model.config.eos_token_ids)
-    scheduler = Scheduler(limits, blocks, pool, prefixes, gateway, eos_ids)
+    scheduler = Scheduler(limits, blocks, pool, prefixes, gateway, eos_ids,
+                          FairShare(config.sharing, limits.max_parallel, limits.max_queue))
     return EngineParts(tokenizer, runner, blocks, pool, scheduler, gateway)
 
 

@@ -193,7 +193,9 @@ class OutputProcessor:
             self._deliver(request, result)
 
     def _deliver(self, request: Request, result: Result) -> None:
-        self.audit.write("result", **result_fields(result, self.audit.level))
+        asked = request.questions.get(result.index)  # whose answer: the operator reads the log per tenant
+        self.audit.write("result", tenant=asked.tenant if asked is not None else None,
+                         **result_fields(result, self.audit.level))
         request.add_result(result, self.listeners)
 
 

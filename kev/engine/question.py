@@ -46,6 +46,7 @@ class Question:
     prefix_ids: list[int] = field(default_factory=list)  # declared shared prefix (system prompt), if any
     prefix_public: bool = False  # the prefix is the operator's config system prompt (loose may cache it)
     tenant: str = "default"  # the caller's (server.api_keys): loose caches a private prefix only for its tenant
+    work_class: str = "live"  # live, or batch (a server batch's line): when it starts, never what it computes
     submitted_at: float = field(default_factory=time.time)
     normalized_text: str | None = None
     features: QuestionFeatures | None = None  # what the router routes on

@@ -7,8 +7,11 @@ frees the question's channel and blocks, drops its grammar state and queues its 
 
 Questions are bound to a channel when they arrive (the router picks it, an idle one when its
 group has one) and wait in that channel's queue; each step an idle channel starts its queue
-head, highest priority first across channels, within max_parallel and its group's share of
-the slots. Placement stays work-conserving: a question waiting behind a busy channel moves
+head, in FairShare's order across channels (live before batch lines, tenants by weighted fair
+queueing, then priority and arrival), within max_parallel, its group's share of the slots and
+the batch class's cap. A batch line bound to an idle channel but not started gives the channel
+back when a live question finds none (it computed nothing, so where it runs changes nothing).
+Placement stays work-conserving: a question waiting behind a busy channel moves
 to a channel of its group that has fallen idle (rerouted: true) instead of waiting beside it.
 
 Decode tokens go first (one per channel), then the prompts this step can finish (within half
@@ -28,6 +31,7 @@ from itertools import count
 
 from kev.results.result import FinishReason
 from kev.engine.channel_pool import ChannelPool, queue_order
+from kev.engine.fair_share import FairShare, is_batch
 from kev.engine.plan import QuestionOutput, SampleRow, StepPlan, Work
 from kev.engine.prefix_jobs import PrefixJob, PrefixJobs
 from kev.engine.question import Phase, Question
@@ -49,8 +53,9 @@ class SchedulerLimits:
 
 class Scheduler:
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, pool: ChannelPool, prefixes: PrefixJobs,
-                 router: Router, eos_ids: Iterable[int] = ()) -> None:
+                 router: Router, eos_ids: Iterable[int] = (), fair: FairShare | None = None) -> None:
         self.limits, self.blocks, self.pool, self.prefixes, self.router = limits, blocks, pool, prefixes, router
+        self.fair = fair or FairShare(None, limits.max_parallel, limits.max_queue)
         self.eos_ids = frozenset(eos_ids)
         self.running: list[Question] = []
         self.overflow: list[Question] = []  # (-priority, arrival) order; bound to no channel yet
@@ -88,7 +93,8 @@ class Scheduler:
     def defer(self, question: Question, bounded: bool = True) -> bool:
         """Hold the question in the overflow FIFO; bounded (policy `queue`): False when max_queue are held.
         Policy `wait` does not bound it: each question there has a caller blocked in submit()."""
-        if bounded and len(self.overflow) >= self.limits.max_queue:
+        if bounded and (len(self.overflow) >= self.limits.max_queue
+                        or not self.fair.queue_room(question.tenant, self.overflow)):
             return False
         self._arrive(question)
         self.overflow.insert(bisect.bisect(self.overflow, queue_order(question), key=queue_order), question)
@@ -263,6 +269,7 @@ class Scheduler:
     def _admit(self) -> None:
         if any(q.shadow_of is not None for q in self.running):
             return  # a shadow re-run is alone in the engine
+        self._yield_to_live()
         self._drain_overflow()
         if self.shadows and not self.running and not self.waiting():
             self._start_shadow()
@@ -270,17 +277,27 @@ class Scheduler:
         self._move_to_idle()
         per_request = Counter(q.request_id for q in self.running)
         per_group = Counter(self._group(q).name for q in self.running)
-        for q in sorted(self.pool.ready(), key=queue_order):
+        num_batch = sum(is_batch(q) for q in self.running)
+        live_waits: bool | None = None  # known once the first batch line comes up (live ones come first)
+        for q in self.fair.order(self.pool.ready()):
             if len(self.running) >= self.limits.max_parallel:
                 break
             group, cap = self._group(q), self._request_parallel.get(q.request_id, self.limits.max_parallel)
             if per_group[group.name] >= group.slots or per_request[q.request_id] >= cap:
                 continue
+            if is_batch(q):
+                if live_waits is None:
+                    live_waits = any(not is_batch(w) for w in self.waiting())
+                live_present = live_waits or any(not is_batch(r) for r in self.running)
+                if live_waits or num_batch >= self.fair.batch_cap(live_present):
+                    continue  # a batch line never takes a slot a live question waits for
             if not self.prefixes.is_ready(q) or not self._fits(q):
                 continue
             self._start(q)
+            self.fair.started(q)
             per_request[q.request_id] += 1
             per_group[group.name] += 1
+            num_batch += is_batch(q)
         self._drain_overflow()  # the queue heads that started left room
 
     def _move_to_idle(self) -> None:
@@ -322,8 +339,25 @@ class Scheduler:
         return self.router.layout.group_of(q.channel_id)
 
     def _drain_overflow(self) -> None:
-        """Route the overflow FIFO into channels with room, in order (a full group keeps its place)."""
-        self.overflow = [q for q in self.overflow if not self.add(q)]
+        """Route the overflow FIFO into channels with room, in FairShare's order (a full group keeps its place)."""
+        if self.overflow:
+            kept = {id(q) for q in self.fair.order(self.overflow) if not self.add(q)}
+            self.overflow = [q for q in self.overflow if id(q) in kept]
+
+    def _yield_to_live(self) -> None:
+        """Live questions in the overflow FIFO (no channel could take them) take back channels that batch lines hold
+        without running: those lines go back to the FIFO, in their order. They computed nothing yet, and a question's
+        answer never depends on its channel, so this changes when they run, not what they compute."""
+        num_live = sum(1 for q in self.overflow if not is_batch(q))
+        for channel in self.pool.channels:
+            if num_live <= 0:
+                return
+            if channel.question is None and channel.queue and all(is_batch(q) for q in channel.queue):
+                for q in list(channel.queue):
+                    self.pool.remove(q)
+                    q.channel_id = None
+                    self.overflow.insert(bisect.bisect(self.overflow, queue_order(q), key=queue_order), q)
+                num_live -= 1
 
     def _max_tokens(self, q: Question) -> int:
         return min(len(q.prompt_ids) + q.sampling.token_limit, self.limits.max_context)

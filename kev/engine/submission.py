@@ -10,6 +10,7 @@ from kev.results.result import Result, question_field
 from kev.config import KevConfig
 from kev.config.schema import ISOLATION_ORDER
 from kev.config.server_config import DEFAULT_TENANT, TENANT_NAME
+from kev.config.sharing_config import WORK_CLASSES
 from kev.engine.inputs import QuestionSpec, RequestDefaults, parse_question, request_sampling, validate_timeout
 from kev.engine.question import Question
 from kev.engine.sampling_params import SamplingParams
@@ -28,10 +29,12 @@ class SubmitOptions:
     max_parallel: int
     defaults: RequestDefaults
     tenant: str = DEFAULT_TENANT  # whose request: loose caches its private prefixes for this tenant only
+    work_class: str = "live"  # live, or batch: a server batch's lines (kev/engine/fair_share.py)
 
     @classmethod
     def validate(cls, config: KevConfig, isolation: str | None, max_parallel: int | None, timeout_ms: int | None,
-                 system: str | None, sampling: SamplingParams, tenant: str | None = None) -> SubmitOptions:
+                 system: str | None, sampling: SamplingParams, tenant: str | None = None,
+                 work_class: str | None = None) -> SubmitOptions:
         level = isolation or config.isolation.level
         if level not in ISOLATION_ORDER:
             raise InvalidRequestError(f"isolation: unknown level {level!r} (strict, shared, loose)")
@@ -55,11 +58,13 @@ class SubmitOptions:
         if tenant is not None and not (isinstance(tenant, str) and TENANT_NAME.match(tenant)):
             raise InvalidRequestError(f"tenant: {tenant!r} is not a tenant name (letters, digits, '_', '.', '-'; "
                                       "at most 64)")
+        if work_class is not None and work_class not in WORK_CLASSES:
+            raise InvalidRequestError(f"work_class: {work_class!r} is not one of {', '.join(WORK_CLASSES)}")
         defaults = RequestDefaults(params, config.router.max_tokens_cap, timeout,
                                    system or config.isolation.system_prompt,
                                    system_is_public=system is None and config.isolation.system_prompt is not None,
                                    timeout_ms_cap=config.router.timeout_ms_cap)
-        return cls(level, min(max_parallel or cap, cap), defaults, tenant or DEFAULT_TENANT)
+        return cls(level, min(max_parallel or cap, cap), defaults, tenant or DEFAULT_TENANT, work_class or "live")
 
 
 @dataclass
@@ -136,7 +141,7 @@ def build_questions(queries: list[Any], request_id: str, options: SubmitOptions,
     for r in read:
         q = _question(r.spec, r.prompt_ids, request_id, r.index, options.isolation)
         q.shadow = random.random() < config.isolation.shadow_rate
-        q.tenant = options.tenant
+        q.tenant, q.work_class = options.tenant, options.work_class
         if r.grammar is not None:
             q.grammar_spec, q.grammar = r.grammar, r.grammar.start()
         # Prompt logprobs need every prompt row computed in the question's own channel: no attached prefix.

@@ -245,7 +245,7 @@ class ChannelModel(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     channel_id: int
-    state: str = Field(description="idle, prefill or decode; busy: another tenant's question (no ids, no counts)")
+    state: str = Field(description="idle, prefill or decode")
     request_id: str | None
     index: int | None
     tokens: int
@@ -255,9 +255,13 @@ class ChannelModel(BaseModel):
 
 
 class ChannelsResponse(BaseModel):
-    channels: list[ChannelModel]
+    channels: list[ChannelModel] = Field(description="every channel for the operator; for a tenant, only the "
+                                                     "channels running its own questions")
     queue_length: int
-    num_active: int
+    num_active: int = Field(description="busy channels, every tenant's")
+    num_channels: int | None = None
+    num_busy_other_tenants: int | None = Field(None, description="for a tenant: busy channels running other "
+                                                                 "tenants' questions (counted, never named)")
 
 
 class StepModel(BaseModel):

@@ -33,19 +33,23 @@ from kev.server.oplog import report_stats
 from kev.server.playground import routes as playground
 from kev.server.schema_limits import Vocab, apply_limits, served_vocab
 from kev.server.service import KevService, served_model_name
-from kev.config.tenants import Tenants
+from kev.config.tenants import Tenants, open_server_notices
 
 log = logging.getLogger("kev.server")
 
 
 def build_app(config: KevConfig, api_key: str | None = None, engine_factory: EngineFactory | None = None,
-              on_load_failed: Callable[[Exception], None] | None = None) -> FastAPI:
+              on_load_failed: Callable[[Exception], None] | None = None, *, api_key_source: str = "--api-key",
+              no_auth: bool = False) -> FastAPI:
     """api_key overrides config.server.api_key (tenant "default"; docs/security.md); on_load_failed lets the CLI stop
     the server if the model cannot load (or the engine fails for good later: a tensor-parallel rank died).
 
     engine_factory replaces the engine of single mode (tests); None: the backend of config.deploy.mode."""
     metrics = ServerMetrics(served_model_name(config), config.core.device)
-    tenants = Tenants.from_config(config.server, api_key)  # a key that cannot be read stops the start here
+    # a key that cannot be read, or is empty, stops the start here
+    tenants = Tenants.from_config(config.server, api_key, api_key_source, no_auth)
+    for line in open_server_notices(tenants, config.server, no_auth):
+        (log.warning if line.startswith("WARNING") else log.info)(line.removeprefix("WARNING: "))
     service = KevService(config, metrics, tenants)
     batches = BatchManager(service, BatchStore(config.batch.dir))
 

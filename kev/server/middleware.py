@@ -41,7 +41,11 @@ class GateMiddleware:
         if scope["type"] == "lifespan":  # the server's own start and stop: no caller
             return await self.app(scope, receive, send)
         headers = _headers(scope)
-        caller = self.tenants.caller(headers.get("authorization", ""))
+        if scope["type"] == "http" and _count(scope, b"authorization") > 1:
+            # which one counts is where a proxy that checked the first and Kev would disagree: neither
+            return await _refuse(scope, receive, send, 400, "Authorization: sent more than once; send one "
+                                 "'Bearer KEY' header", "Authorization")
+        caller = self.tenants.caller(headers.get("authorization", "")) if _count(scope, b"authorization") < 2 else None
         if caller is not None:  # the routes read it: which tenant's requests, files and batches
             scope["state"] = {**scope.get("state", {}), "caller": caller}
         if scope["type"] != "http":  # a websocket, or any scope type a later server brings: the key or nothing
@@ -123,6 +127,10 @@ def _too_large(size: int, limit: int, key: str) -> str:
 
 def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def _count(scope: Scope, name: bytes) -> int:
+    return sum(1 for k, _ in scope.get("headers", []) if k.lower() == name)
 
 
 def _is_json(headers: dict[str, str]) -> bool:

@@ -30,13 +30,14 @@ def log_banner(backend: EngineBridge) -> None:
     log.info("serving %s", banner(info), extra={"banner": info})
 
 
-def log_access(request_id: str, api: str, statuses: Counter[str], started: float, cancelled: bool) -> None:
-    """request id, API, questions, how many ended in each status, latency from submit to the last answer."""
+def log_access(request_id: str, api: str, statuses: Counter[str], started: float, cancelled: bool,
+               tenant: str = "default") -> None:
+    """request id, tenant, API, questions, how many ended in each status, latency from submit to the last answer."""
     latency_ms = (time.monotonic() - started) * 1000
     counts = " ".join(f"{status}={n}" for status, n in sorted(statuses.items()))
-    access_log.info("request %s %s questions=%d %s latency_ms=%.0f%s", request_id, api, sum(statuses.values()), counts,
-                    latency_ms, " (caller left: cancelled)" if cancelled else "",
-                    extra={"request_id": request_id, "api": api, "questions": sum(statuses.values()),
+    access_log.info("request %s tenant=%s %s questions=%d %s latency_ms=%.0f%s", request_id, tenant, api,
+                    sum(statuses.values()), counts, latency_ms, " (caller left: cancelled)" if cancelled else "",
+                    extra={"request_id": request_id, "tenant": tenant, "api": api, "questions": sum(statuses.values()),
                            "statuses": dict(statuses), "latency_ms": round(latency_ms, 1)})
 
 

@@ -5,6 +5,8 @@ Only the event loop touches it, so it needs no lock.
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kev.server.watch import Watch
@@ -23,25 +25,44 @@ class Tracked:
         return self.watch.done.is_set()
 
 
+TenantCap = Callable[[str], int]  # tenant -> its share of a global limit (sharing.tenant_*)
+
+
 class RequestRegistry:
-    def __init__(self, max_inflight: int, ttl_s: float, max_retained: int) -> None:
+    def __init__(self, max_inflight: int, ttl_s: float, max_retained: int, tenant_inflight: TenantCap | None = None,
+                 tenant_retained: TenantCap | None = None) -> None:
+        """tenant_inflight / tenant_retained: each tenant's share of max_inflight / max_retained (None: the whole)."""
         self.max_inflight, self.ttl_s, self.max_retained = max_inflight, ttl_s, max_retained
+        self.tenant_inflight = tenant_inflight or (lambda _: max_inflight)
+        self.tenant_retained = tenant_retained or (lambda _: max_retained)
         self._requests: dict[str, Tracked] = {}  # insertion order = submission order
-        self._reserved = 0  # slots taken by submissions still inside engine.submit
+        self._reserved: Counter[str] = Counter()  # per tenant: slots taken by submissions still inside engine.submit
 
     @property
     def num_inflight(self) -> int:
-        return self._reserved + sum(1 for t in self._requests.values() if not t.is_done)
+        return sum(self._reserved.values()) + sum(1 for t in self._requests.values() if not t.is_done)
 
-    def reserve(self) -> bool:
-        """Take an in-flight slot before submitting; False when the server is full."""
+    def inflight_of(self, tenant: str) -> int:
+        return self._reserved[tenant] + sum(1 for t in self._requests.values() if not t.is_done and t.tenant == tenant)
+
+    def full(self, tenant: str = "default") -> str | None:
+        """The in-flight limit a new request of the tenant would pass (the server's, or the tenant's share of it:
+        one tenant holding its whole share leaves the others theirs); None: there is room."""
         if self.num_inflight >= self.max_inflight:
+            return f"server.max_inflight_requests={self.max_inflight}"
+        if self.inflight_of(tenant) >= (cap := self.tenant_inflight(tenant)):
+            return f"tenant {tenant!r}'s share of it, {cap} (sharing.tenant_max_inflight_requests)"
+        return None
+
+    def reserve(self, tenant: str = "default") -> bool:
+        """Take an in-flight slot before submitting; False when the server, or the tenant's share, is full."""
+        if self.full(tenant) is not None:
             return False
-        self._reserved += 1
+        self._reserved[tenant] += 1
         return True
 
-    def unreserve(self) -> None:
-        self._reserved -= 1
+    def unreserve(self, tenant: str = "default") -> None:
+        self._reserved[tenant] -= 1
 
     def add(self, tracked: Tracked) -> None:
         self._requests[tracked.request_id] = tracked
@@ -61,10 +82,20 @@ class RequestRegistry:
         return [rid for rid, t in self._requests.items() if not t.is_done]
 
     def expired(self, now: float | None = None) -> list[str]:
-        """Finished requests past their time-to-live, plus the oldest retained ones beyond max_retained."""
+        """Finished requests past their time-to-live, plus the oldest retained ones beyond a tenant's share of
+        max_retained, then beyond max_retained itself (taken from the tenants holding the most): one tenant's many
+        async requests never push out another's results."""
         now = time.monotonic() if now is None else now
         finished = [t for t in self._requests.values() if t.is_done]
         old = {t.request_id for t in finished if now - (t.watch.finished_at or now) > self.ttl_s}
-        retained = [t.request_id for t in finished if t.retained and t.request_id not in old]
-        old.update(retained[:max(0, len(retained) - self.max_retained)])
+        retained = [t for t in finished if t.retained and t.request_id not in old]
+        by_tenant: dict[str, list[Tracked]] = {}
+        for t in retained:
+            by_tenant.setdefault(t.tenant, []).append(t)
+        for tenant, held in by_tenant.items():
+            excess = max(0, len(held) - self.tenant_retained(tenant))
+            old.update(t.request_id for t in held[:excess])
+            del held[:excess]
+        while sum(len(held) for held in by_tenant.values()) > self.max_retained:
+            old.add(max(by_tenant.values(), key=len).pop(0).request_id)
         return [rid for rid in self._requests if rid in old]

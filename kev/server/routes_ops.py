@@ -2,12 +2,13 @@
 (readiness: the model is loaded and every service a request needs is up; 503 + Retry-After until then,
 as llama.cpp's /health), /v1/channels (live channel table), /v1/stats (recent
 engine steps), /metrics (Prometheus). /metrics and /v1/stats span tenants: the operator's alone
-(server.operator_key); /v1/channels shows a tenant its own questions, the others' channels only as busy."""
+(server.operator_key); /v1/channels shows a tenant its own questions' channels, and of the others only how many
+channels are busy: no channel id of theirs, nor of an idle channel (the busy ones would be the rest), since which
+channel a question takes follows its semantic bucket."""
 from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -56,21 +57,15 @@ async def health(service: KevService = Depends(get_service)) -> JSONResponse:
 async def channels(service: KevService = Depends(get_service),
                    caller: Caller = Depends(caller_of)) -> ChannelsResponse:
     states, queue_length = await service.ready_backend().channels()
-    if not caller.is_operator:
-        states = [_as_seen_by(caller.tenant, s, service.registry.owner(s.get("request_id") or "")) for s in states]
-    return ChannelsResponse(channels=[ChannelModel(**s) for s in states], queue_length=queue_length,
-                            num_active=sum(1 for s in states if s["state"] != "idle"))
-
-
-def _as_seen_by(tenant: str, state: dict[str, Any], owner: str | None) -> dict[str, Any]:
-    """A tenant sees its own questions in full; any other channel only as idle or busy: no request id, text, token
-    or block count (how long another caller's prompt is), no served count or hash bucket (which channel, so which
-    semantic bucket, another caller's questions go to)."""
-    if state["state"] != "idle" and owner == tenant:
-        return state
-    busy = state["state"] != "idle"
-    return {"channel_id": state["channel_id"], "state": "busy" if busy else "idle", "request_id": None,
-            "index": None, "tokens": 0, "kv_blocks": 0, "num_served": 0}
+    num_active = sum(1 for s in states if s["state"] != "idle")
+    if caller.is_operator:
+        return ChannelsResponse(channels=[ChannelModel(**s) for s in states], queue_length=queue_length,
+                                num_active=num_active, num_channels=len(states))
+    own = [s for s in states
+           if s["state"] != "idle" and service.registry.owner(s.get("request_id") or "") == caller.tenant]
+    return ChannelsResponse(channels=[ChannelModel(**s) for s in own], queue_length=queue_length,
+                            num_active=num_active, num_channels=len(states),
+                            num_busy_other_tenants=num_active - len(own))
 
 
 def operator_only(request: Request) -> Caller:

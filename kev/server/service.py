@@ -35,7 +35,12 @@ class KevService:
         self.tenants = tenants or Tenants({})
         self.limits = Limits.from_config(config)
         server = config.server
-        self.registry = RequestRegistry(server.max_inflight_requests, server.result_ttl_s, server.max_retained_results)
+        share, names = config.sharing, self.tenants.tenant_names
+        inflight, retained = server.max_inflight_requests, server.max_retained_results
+        self.registry = RequestRegistry(
+            inflight, server.result_ttl_s, retained,
+            lambda t: share.tenant_limit(share.tenant_max_inflight_requests, inflight, t, names),
+            lambda t: share.tenant_limit(share.tenant_max_retained_results, retained, t, names))
         self.model_name = served_model_name(config)
         self.retry_after = {"Retry-After": str(server.retry_after_s)}
         self.backend: EngineBridge | None = None
@@ -103,10 +108,10 @@ class KevService:
             self.metrics.rejects.labels("unavailable").inc()
             raise ApiError(503, backend.unavailable, None, headers=self.retry_after)
         self.sweep()
-        if not self.registry.reserve():
+        if (full := self.registry.full(tenant)) is not None or not self.registry.reserve(tenant):
             self.metrics.rejects.labels("server_busy").inc()
-            raise ApiError(429, f"server busy: {self.registry.num_inflight} requests in flight; the limit is "
-                                f"server.max_inflight_requests={self.registry.max_inflight}", None,
+            raise ApiError(429, f"server busy: {self.registry.inflight_of(tenant)} of this tenant's requests in "
+                                f"flight ({self.registry.num_inflight} in all); the limit is {full}", None,
                            headers=self.retry_after)
         sampling = sampling.with_max_tokens(self.limits.default_max_tokens)  # the server's, within its cap
         options = {**options, "tenant": tenant}
@@ -126,14 +131,14 @@ class KevService:
             self.metrics.rejects.labels("wait_timeout").inc()
             raise ApiError(503, str(err) or "no channel became free in time", None, headers=self.retry_after) from None
         finally:
-            self.registry.unreserve()
+            self.registry.unreserve(tenant)
         for query in queries:  # vLLM's request_max_num_generation_tokens: what each question asked for
             own = query.get("max_tokens") if isinstance(query, dict) else None
             self.metrics.vllm.observe_asked(own if isinstance(own, int) else sampling.token_limit)
         tracked = Tracked(request_id, backend.watch(request_id, len(queries), listen), retained, tenant)
         if self.config.server.access_log:  # set before the loop runs again, so before the watch can finish
             tracked.watch.on_finish = lambda watch: log_access(request_id, api, watch.statuses, started,
-                                                               tracked.cancelled)
+                                                               tracked.cancelled, tenant)
         self.registry.add(tracked)
         self.metrics.requests.labels(api).inc()
         return tracked

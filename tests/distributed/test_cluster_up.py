@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -43,6 +44,10 @@ def test_cluster_up_answers_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
         children = psutil.Process(launcher.pid).children()
         names = sorted(c.name() if c.name() == "nats-server" else c.cmdline()[3] for c in children)
         assert names == ["aggregator", "nats-server", "serve", "worker"], names
+        run = tmp_path / "run"
+        assert stat.S_IMODE(run.stat().st_mode) == 0o700, "the workdir holds every key: the owner's alone"
+        for secret in ("kev.yaml", "kev-worker.yaml", "kev-aggregator.yaml", "nats/users.conf"):
+            assert stat.S_IMODE((run / secret).stat().st_mode) == 0o600, secret
         response = httpx.post(f"http://127.0.0.1:{port}/v1/query", json={"queries": ["Say hi."]}, timeout=120)
         assert response.status_code == 200 and response.json()["results"][0]["status"] == "ok"
         worker_restarts_after_a_kill(tmp_path, port, next(c for c in children if "worker" in c.cmdline()))

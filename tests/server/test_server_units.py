@@ -1,7 +1,9 @@
 """The server's pure parts, without a server: error fields, limits, registry expiry, metrics folding, formats."""
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -18,6 +20,7 @@ from kev.server.metrics import ServerMetrics
 from kev.server.openai_format import Reply, finish_reason
 from kev.server.registry import RequestRegistry, Tracked
 from kev.server.sse import sse
+from kev.server.watch import Watch
 
 
 def error_for(body: dict) -> ApiError:
@@ -266,3 +269,26 @@ def test_a_file_system_refusal_is_a_503_naming_the_path(tmp_path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(kev.ConfigError, match="batch.dir: .*file"):
         BatchStore(tmp_path / "file" / "batches")  # a path through a file: one line naming the setting
+
+
+def test_each_tenant_has_its_share_of_in_flight_slots_and_retained_results() -> None:
+    from kev.config.sharing_config import SharingConfig
+
+    sharing, names = SharingConfig(), ["a", "b"]
+    registry = RequestRegistry(4, 600.0, 4, lambda t: sharing.tenant_limit(None, 4, t, names),
+                               lambda t: sharing.tenant_limit(None, 4, t, names))
+    assert registry.reserve("b") and registry.reserve("b") and not registry.reserve("b"), "b's share is 2 of 4"
+    assert "tenant 'b'" in (registry.full("b") or "") and registry.reserve("a"), "a is answered, not refused"
+    registry.unreserve("b"), registry.unreserve("b"), registry.unreserve("a")
+    loop = asyncio.new_event_loop()
+    try:
+        for i, tenant in enumerate(["a", "a"] + ["b"] * 20):
+            watch = Watch(f"{tenant}{i}", 1, loop)
+            watch.done.set()
+            watch.finished_at = time.monotonic()
+            registry.add(Tracked(f"{tenant}{i}", watch, True, tenant))
+        gone = set(registry.expired())
+    finally:
+        loop.close()
+    assert not {"a0", "a1"} & gone, "b's many async requests push out none of a's results"
+    assert len([r for r in gone if r.startswith("b")]) == 18, "b keeps its newest 2"

@@ -20,7 +20,7 @@ from kev.errors import KevError
 from kev.engine.kv.block_manager import BlockManager
 from kev.engine.kv.prefix_store import PrefixStore, prefix_key
 from kev.server.middleware import GateMiddleware
-from kev.config.tenants import OPERATOR, Caller, Tenants
+from kev.config.tenants import OPERATOR, Caller, Tenants, open_server_notices
 
 
 # --- keys -> callers ------------------------------------------------------------------
@@ -28,6 +28,7 @@ def test_keys_come_from_yaml_env_and_files(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("KEV_TEST_KEY_B", "key-b")
     (tmp_path / "c.key").write_text("key-c\n")
     (tmp_path / "keys").write_text("# tenant key\nd key-d\n\ne key-e\n")
+    (tmp_path / "keys").chmod(0o600)
     monkeypatch.setenv("KEV_TEST_KEY_OP", "key-op")
     server = ServerConfig(api_key="key-default", api_keys={"a": "key-a", "b": {"env": "KEV_TEST_KEY_B"},
                                                           "c": {"file": str(tmp_path / "c.key")}},
@@ -58,6 +59,51 @@ def test_a_lone_tenant_is_the_operator_and_an_open_server_has_one_caller() -> No
 def test_keys_that_cannot_be_used_stop_the_start(server: dict[str, Any], message: str) -> None:
     with pytest.raises(KevError, match=message):
         Tenants.from_config(ServerConfig(**server))
+
+
+@pytest.mark.parametrize(("server", "cli_key", "message"), [
+    ({"api_key": "   "}, None, "server.api_key: the key is empty"),
+    ({}, "", "--api-key: the key is empty"),
+    ({}, " ", "--api-key: the key is empty"),
+    ({"api_keys": {"a": "  "}}, None, "server.api_keys.a: the key is empty"),
+    ({"api_keys": {"a": {"env": "KEV_TEST_BLANK"}}}, None, "server.api_keys.a: the key is empty"),
+    ({"api_keys": {"a": "kéy"}}, None, "tenant 'a' holds characters other than printable ASCII"),
+    ({"operator_key": "op\u00e9x"}, None, "tenant 'operator' holds characters other than printable ASCII"),
+    ({"auth": "keys"}, None, "server.auth: keys, but no key is configured"),
+    ({"auth": "none", "api_keys": {"a": "ka"}}, None, "server.auth: none serves without keys, but server.api_keys"),
+])
+def test_empty_blank_and_non_ascii_keys_stop_the_start_naming_their_source(
+        server: dict[str, Any], cli_key: str | None, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEV_TEST_BLANK", " \t")
+    with pytest.raises(KevError, match=message):
+        Tenants.from_config(ServerConfig(**server), cli_key)
+
+
+def test_an_empty_key_variable_is_named_and_an_open_server_is_said_to_be_one() -> None:
+    with pytest.raises(KevError, match=r"\$KEV_API_KEY: the key is empty; to serve without keys say --no-auth"):
+        Tenants.from_config(ServerConfig(), "", "$KEV_API_KEY")
+    with pytest.raises(KevError, match="--no-auth serves without keys, but server.api_key"):
+        Tenants.from_config(ServerConfig(), "k", no_auth=True)
+    explicit = Tenants.from_config(ServerConfig(auth="none"))
+    assert explicit.is_open and explicit.caller("") == Caller("default", True)
+    lines = open_server_notices(explicit, ServerConfig(auth="none"), False)
+    assert lines == ["open server (server.auth: none): no API key; every caller is tenant 'default' and the operator"]
+    wide = ServerConfig(host="0.0.0.0")
+    lines = open_server_notices(Tenants.from_config(wide), wide, True)
+    assert "(--no-auth)" in lines[0] and lines[1].startswith("WARNING: no API key and server.host '0.0.0.0'")
+    assert open_server_notices(Tenants({"a": "ka"}), wide, False) == [], "keys: nothing to warn about"
+    assert len(open_server_notices(Tenants({}), ServerConfig(host="127.0.0.2"), False)) == 1, "loopback: no warning"
+
+
+def test_a_keys_file_others_may_read_is_refused(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("d key-d\n")
+    for mode in (0o644, 0o640, 0o604, 0o660):
+        keys.chmod(mode)
+        with pytest.raises(KevError, match=f"server.api_keys_file: .* is mode {mode:04o}, open to group or others"):
+            Tenants.from_config(ServerConfig(api_keys_file=str(keys)))
+    keys.chmod(0o400)
+    assert Tenants.from_config(ServerConfig(api_keys_file=str(keys))).caller("Bearer key-d") == Caller("d", True)
 
 
 @pytest.mark.parametrize("name", ["operator", "", "a b", "../x", "x" * 65])
@@ -201,3 +247,19 @@ def test_uploaded_and_audit_files_are_written_0600(tmp_path: Path) -> None:
     OutputFile(tmp_path / "out.jsonl").close()
     for name in ("old.jsonl", "out.jsonl"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+    AuditLog(str(tmp_path / "new" / "deeper" / "audit.jsonl"), "summary")
+    for folder in (tmp_path / "new", tmp_path / "new" / "deeper"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+
+
+def test_two_authorization_headers_are_a_400_whichever_is_right() -> None:
+    app = Recorder()
+    gate = GateMiddleware(app, Tenants({"a": "ka", "b": "kb"}), max_body_bytes=1024)  # type: ignore[arg-type]
+    for pair in (("ka", "kb"), ("ka", "wrong"), ("wrong", "ka")):
+        scope = {**scope_of("http", "/v1/channels", None), "headers": [
+            (b"authorization", f"Bearer {pair[0]}".encode()), (b"Authorization", f"Bearer {pair[1]}".encode())]}
+        sent = run_gate(gate, scope, [])
+        assert sent[0]["status"] == 400 and b'"field":"Authorization"' in sent[1]["body"].replace(b" ", b""), pair
+    assert app.scopes == [], "nothing of the app ran"
+    run_gate(gate, scope_of("http", "/v1/channels", "kb"), [{"type": "http.request"}])
+    assert app.scopes[-1]["state"]["caller"] == Caller("b", False)

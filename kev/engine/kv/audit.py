@@ -44,7 +44,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self.alert_counts: dict[str, int] = {}
         if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _private_folder(self.path.parent)
             os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
             os.chmod(self.path, 0o600)  # prompts and answers: the owner's alone, even if an older run made it 0644
 
@@ -65,6 +65,15 @@ class AuditLog:
         """BlockManager callback: every allocation and release, with its owner."""
         if blocks:
             self.write(event, owner=owner, blocks=blocks)
+
+
+def _private_folder(folder: Path) -> None:
+    """Make the log's folder (and any missing parent) 0700: prompts and answers are the owner's alone. A folder that
+    already exists keeps its mode (the operator chose it: /var/log, a shared volume)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for made in missing:
+        os.chmod(made, 0o700)  # mkdir's mode passes through the umask; parents=True ignores it for parents
 
 
 def inspect_step(meta: StepMetadata, blocks: BlockManager) -> tuple[dict[str, Any], list[Alert]]:
