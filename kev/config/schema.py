@@ -15,6 +15,7 @@ from kev.batch.batch_config import BatchConfig
 from kev.config.deploy_config import DeployConfig
 from kev.config.precision import pick_precision
 from kev.config.server_config import ServerConfig
+from kev.config.speculative_config import SpeculativeConfig
 
 log = logging.getLogger("kev.config")
 
@@ -211,6 +212,7 @@ class KevConfig(_Section):
     audit: AuditConfig = AuditConfig()
     server: ServerConfig = ServerConfig()
     batch: BatchConfig = BatchConfig()
+    speculative: SpeculativeConfig = SpeculativeConfig()
 
     @model_validator(mode="before")
     @classmethod

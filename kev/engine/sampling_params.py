@@ -28,6 +28,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # times the number of times it was generated
     # One of json / json_object / regex / choice / grammar (kev.engine.structured compiles it at submit).
     structured_outputs: Mapping[str, Any] | None = None
+    # Prompt-lookup drafts for this question (kev.engine.drafts.parse_speculative's form); None: the config's
+    # `speculative` section. They change how many positions a step computes, never a token or a logit.
+    speculative: Mapping[str, Any] | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SamplingParams:
