@@ -177,7 +177,7 @@ class Scheduler:
         if q.lookup is None:
             settings = resolve(q.sampling.speculative, self.limits.speculative)
             q.lookup = PromptLookup(settings) if settings is not None else False
-        return q.lookup or None
+        return q.lookup if isinstance(q.lookup, PromptLookup) else None
 
     def _chunk_end(self, seq: Question | PrefixJob) -> int:
         """Where the prompt's next chunk ends: a multiple of prefill_chunk counted from its own start (after an attached
@@ -204,8 +204,9 @@ class Scheduler:
             budget -= length
         return budget
 
-    def update(self, plan: StepPlan, sampled_ids: list[int] | None) -> list[QuestionOutput]:
-        """Apply the step's forward (None: it did not run, nothing advanced); per question, what it produced."""
+    def update(self, plan: StepPlan, sampled_ids: list[list[int]] | None) -> list[QuestionOutput]:
+        """Apply the step's forward (None: it did not run, nothing advanced); per question, what it produced: the
+        tokens it kept this step (one, or more where a draft was accepted), each its own QuestionOutput."""
         outputs, self._ended = self._ended, []
         if sampled_ids is None:
             return outputs
