@@ -77,6 +77,10 @@ class PromptLookup:
 
     def __init__(self, settings: DraftSettings) -> None:
         self.settings = settings
+        # How many tokens the next draft may have: halved to what was kept after a rejection, doubled after a draft
+        # kept whole, so a question that has stopped copying wastes one row a step, not max_draft
+        # (bench/results/speculative.md measures both).
+        self.length = min(4, settings.max_draft)
         self._seen = 0  # ids indexed so far
         # (n-gram) -> the index just past its latest occurrence that has a token after it
         self._ends: dict[tuple[int, ...], int] = {}
@@ -84,7 +88,7 @@ class PromptLookup:
     def propose(self, ids: list[int], limit: int) -> list[int]:
         """Up to min(limit, max_draft) tokens that followed the latest earlier occurrence of the longest suffix of
         ids (max_match down to min_match tokens) seen before; [] when none matches."""
-        settings, count = self.settings, min(limit, self.settings.max_draft)
+        settings, count = self.settings, min(limit, self.length)
         if count <= 0:
             return []
         self._index(ids)
@@ -93,6 +97,13 @@ class PromptLookup:
             if end is not None:
                 return ids[end: end + count]
         return []
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        """What the last verify step kept of a draft of `drafted` tokens: sets the next draft's length."""
+        if accepted == drafted:
+            self.length = min(self.settings.max_draft, max(self.length, 2 * drafted))
+        else:
+            self.length = max(1, accepted + 1)
 
     def _index(self, ids: list[int]) -> None:
         """Index every n-gram that ends before the last id (its occurrence must have a continuation)."""

@@ -224,6 +224,8 @@ class Scheduler:
                 # (a row reads keys up to its own position) and overwritten when plain decoding reaches them.
                 q.num_computed = verified.start + len(tokens)
                 self.drafts.count(len(verified.draft), len(tokens) - 1)
+                if isinstance(q.lookup, PromptLookup):
+                    q.lookup.feedback(len(verified.draft), len(tokens) - 1)
             if q.is_finished:  # cancelled or timed out while the forward ran
                 continue
             q.phase = Phase.DECODE

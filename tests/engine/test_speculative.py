@@ -32,6 +32,16 @@ def test_prompt_lookup_drafts_what_followed_the_latest_match_of_the_longest_suff
     assert PromptLookup(DraftSettings(4, 1, 1)).propose([3, 4, 3], 4) == [4, 3]
 
 
+def test_draft_length_follows_what_was_kept():
+    lookup = PromptLookup(DraftSettings(max_draft=8, min_match=1, max_match=1))
+    ids = list(range(20)) + [0]
+    assert len(lookup.propose(ids, 20)) == 4  # starts at 4
+    lookup.feedback(4, 4)
+    assert len(lookup.propose(ids, 20)) == 8  # kept whole: doubled, up to max_draft
+    lookup.feedback(8, 2)
+    assert len(lookup.propose(ids, 20)) == 3  # rejected at the third: what was kept, plus one
+
+
 def test_speculative_settings_take_kevs_and_vllms_names_and_name_bad_fields():
     assert parse_speculative({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 3,
                               "prompt_lookup_max": 5}, "speculative") == {
