@@ -22,8 +22,8 @@ class SpeculativeConfig(BaseModel):
     max_match: int = Field(4, ge=1, le=32)  # the longest suffix looked up first (vLLM's prompt_lookup_max)
     # Adaptive: drafts are proposed only while the step holds at most this many rows (decode rows, prompt chunks and
     # drafts together). Past it a step is compute-bound and an extra row costs about what a plain step's token does
-    # (bench/results/speculative_crossover.md measures where).
-    max_step_rows: int = Field(16, ge=1, le=4096)
+    # (bench/results/speculative.md measures where).
+    max_step_rows: int = Field(8, ge=1, le=4096)
 
     @model_validator(mode="after")
     def _match_range(self) -> SpeculativeConfig:

@@ -151,3 +151,28 @@ def test_a_full_step_proposes_no_draft(make_engine, plain):
     engine = make_engine({"speculative": {"method": "prompt_lookup", "max_step_rows": 1}}, record_logits=True)
     same(engine.generate([EXTRACTION[0]], max_tokens=MAX_TOKENS, timeout=600)[0], plain[EXTRACTION[0]])
     assert engine.load().spec_drafts == 0
+
+
+def test_metrics_carry_vllms_spec_decode_names():
+    from kev.engine.stats import EngineLoad
+    from kev.server.metrics import ServerMetrics
+
+    metrics = ServerMetrics("kev")
+    metrics.refresh([], [], 0, {}, EngineLoad(spec_drafts=3, spec_draft_tokens=10, spec_accepted_tokens=4))
+    text = metrics.render().decode()
+    assert 'vllm:spec_decode_num_drafts_total{model_name="kev"} 3.0' in text
+    assert 'vllm:spec_decode_num_draft_tokens_total{model_name="kev"} 10.0' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_total{model_name="kev"} 4.0' in text
+    assert "kev_spec_decode_acceptance_rate 0.4" in text
+    assert (EngineLoad(spec_draft_tokens=2) + EngineLoad(spec_draft_tokens=3)).spec_draft_tokens == 5  # replicas add
+
+
+def test_openai_and_kev_bodies_pass_their_speculative_field():
+    from kev.server.api_models import SubmitBody
+    from kev.server.openai_models import ChatCompletionBody
+
+    body = ChatCompletionBody.model_validate({"model": "kev", "messages": [{"role": "user", "content": "Hi"}],
+                                              "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
+    assert body.engine_sampling(8, {}).speculative == {"method": "ngram", "num_speculative_tokens": 3}
+    sampling, _ = SubmitBody.model_validate({"queries": ["Hi"], "speculative": {"max_draft": 2}}).engine_submit()
+    assert sampling.speculative == {"max_draft": 2}
