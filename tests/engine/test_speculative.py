@@ -48,12 +48,14 @@ def test_speculative_settings_take_kevs_and_vllms_names_and_name_bad_fields():
         "method": "prompt_lookup", "max_draft": 5, "min_match": 3, "max_match": 5}
     assert parse_speculative(False, "x") == OFF and parse_speculative(None, "x") is None
     for bad, named in [({"method": "eagle"}, "speculative.method"), ({"max_draft": 0}, "speculative.max_draft"),
-                       ({"lookahead": 2}, "unknown field"), ({"min_match": 4, "max_match": 2}, "min_match (4)"),
-                       ({"max_draft": 3, "num_speculative_tokens": 4}, "set twice")]:
+                       ({"lookahead": 2}, "unknown field"),
+                       ({"max_draft": 3, "num_speculative_tokens": 3}, "not both")]:
         with pytest.raises(QuestionError, match=named.replace("(", r"\(").replace(")", r"\)")):
             parse_speculative(bad, "speculative")
     config = kev.load_config({"speculative": {"method": "prompt_lookup", "max_draft": 6}})
     assert resolve({"min_match": 5}, config.speculative) == DraftSettings(6, 5, 5)
+    low_max = parse_speculative({"min_match": 4, "max_match": 2}, "s")
+    assert resolve(low_max, config.speculative) == DraftSettings(6, 4, 4)  # max_match raised to min_match
     assert resolve(OFF, config.speculative) is None and resolve(None, kev.load_config({}).speculative) is None
     with pytest.raises(Exception, match="max_match"):
         kev.load_config({"speculative": {"min_match": 3, "max_match": 2}})
@@ -176,3 +178,5 @@ def test_openai_and_kev_bodies_pass_their_speculative_field():
     assert body.engine_sampling(8, {}).speculative == {"method": "ngram", "num_speculative_tokens": 3}
     sampling, _ = SubmitBody.model_validate({"queries": ["Hi"], "speculative": {"max_draft": 2}}).engine_submit()
     assert sampling.speculative == {"max_draft": 2}
+    with pytest.raises(Exception, match="name the same setting"):
+        SubmitBody.model_validate({"queries": ["Hi"], "speculative": {"max_draft": 2, "num_speculative_tokens": 2}})
