@@ -22,11 +22,16 @@ from kev.engine.engine_setup import build_parts
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
-    parser.add_argument("--scenario", choices=["throughput", "mixed", "routing", "documents"], default="throughput",
+    parser.add_argument("--scenario", choices=["throughput", "mixed", "routing", "documents", "extraction"],
+                        default="throughput",
                         help="mixed: 32 extraction prompts among 128 short questions, natural EOS "
                              "(kev/bench/mixed.py); routing: strategies under skewed traffic (kev/bench/routing.py); "
                              "documents: 32 ~2,900-token reports x 1 and x 3 tasks, prompt tokens/s against "
-                             "document length (kev/bench/documents_scenario.py)")
+                             "document length (kev/bench/documents_scenario.py); extraction: answers that copy spans "
+                             "of their document at N = 1, 4, 16, 64, plain and with prompt-lookup drafts "
+                             "(kev/bench/extraction_scenario.py)")
+    parser.add_argument("--draft-rows", default="16",
+                        help="extraction: speculative.max_step_rows values to run drafts with, comma-separated")
     parser.add_argument("--documents", type=int, default=32, help="documents: how many reports")
     parser.add_argument("--solo-every", type=int, default=1,
                         help="documents: ask every k-th question alone for the identical-to-solo counts (1: all)")
@@ -55,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         return run_routing_scenario(args)
     if args.scenario == "documents":
         return run_documents_scenario(args)
+    if args.scenario == "extraction":
+        return run_extraction_scenario(args)
     sizes = [int(s) for s in args.sizes.split(",")]
     parallel = args.parallel or (64 if args.scenario == "mixed" else max(sizes))
     # round_robin: every question gets a channel of its own, so the run measures the one-forward engine,
@@ -146,6 +153,26 @@ def run_documents_scenario(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report) if args.json else format_documents(report))
+    return 0
+
+
+def run_extraction_scenario(args: argparse.Namespace) -> int:
+    from kev.bench.extraction_scenario import SIZES, format_extraction, run_extraction
+
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes != "1,4,8,16" else list(SIZES)
+    parallel = args.parallel or max(sizes)
+    config = config_from_args(args, {"router": {"max_parallel_queries": parallel, "channel_pool_size": parallel,
+                                                "strategy": "round_robin"},
+                                     "core": {"max_context": 1024, "kv_cache_tokens": 24_576}})
+    if config.speculative.method == "off":  # the config's match lengths and max_draft, drafting on
+        config = load_config(config, {"speculative": {"method": "prompt_lookup"}})
+    draft_rows = [int(r) for r in args.draft_rows.split(",")]
+    with progress_bar("loading the model") as bar, Engine(config, background=False) as engine:
+        report = {**run_facts(config), "numerics_fingerprint": engine.runner.fingerprint,
+                  **run_extraction(engine, sizes, draft_rows, bar)}
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report) if args.json else format_extraction(report))
     return 0
 
 

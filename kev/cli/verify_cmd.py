@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=6, help="new tokens per question")
     parser.add_argument("--system", help="system prompt for every question (shared/loose default: a built-in one)")
     parser.add_argument("--seed", type=int, help="seed of the mixes (printed, so a failure can be replayed)")
+    parser.add_argument("--speculative", action="store_true",
+                        help="prove drafts change nothing: solo answers decode plainly, every mix with prompt-lookup "
+                             "drafts (the config's speculative settings; extraction questions join the set)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -35,14 +38,15 @@ def run(args: argparse.Namespace) -> int:
         system = None if system == config.isolation.system_prompt else system  # the declared prompt is the public one
     questions = read_questions(args.questions) if args.questions else VERIFY_QUESTIONS
     options = VerifyOptions(questions[:args.n] if args.n else questions, args.trials, level, args.max_tokens,
-                            system, seed=args.seed)
+                            system, seed=args.seed, speculative=args.speculative)
     with progress_bar("loading the model") as bar, Engine(config, record_logits=True, background=False) as engine:
         report = run_verify(engine, options, bar)
     return report_and_exit_code(report, args.json, print_report)
 
 
 def print_report(report: VerifyReport) -> None:
-    table = Table(title=f"isolation level {report.level}: each answer vs the same question alone "
+    against = "alone without drafts" if report.speculative else "alone"
+    table = Table(title=f"isolation level {report.level}: each answer vs the same question {against} "
                         f"({report.trials} random mixes, seed {report.seed})")
     for column in ("question", "solo tokens", "identical", "max |Δlogit|", "channels"):
         table.add_column(column, overflow="fold", justify="left" if column == "question" else "right")
@@ -57,6 +61,10 @@ def print_report(report: VerifyReport) -> None:
             console.print(f"[red]differs[/] {check.question[:40]!r}: {problem}")
     for leak in report.leaks:
         console.print(f"[red]canary leak[/] {leak}")
+    if report.speculative:
+        rate = report.accepted_tokens / report.drafted_tokens if report.drafted_tokens else 0.0
+        console.print(f"speculative: mixes drafted {report.drafted_tokens} tokens, accepted {report.accepted_tokens} "
+                      f"({rate:.0%}); solo references decoded without drafts")
     verdict = "[green]OK[/]" if report.ok else "[red]NOT OK[/]"
     console.print(f"{verdict}: {report.identical}/{report.comparisons} identical, max |Δlogit| "
                   f"{report.max_abs_logit_diff:.3g}, canary leaks {len(report.leaks)}, "

@@ -16,6 +16,7 @@ from kev.config.deploy_config import DeployConfig
 from kev.config.precision import pick_precision
 from kev.config.server_config import ServerConfig
 from kev.config.sharing_config import SharingConfig
+from kev.config.speculative_config import SpeculativeConfig
 
 log = logging.getLogger("kev.config")
 
@@ -216,6 +217,7 @@ class KevConfig(_Section):
     server: ServerConfig = ServerConfig()
     batch: BatchConfig = BatchConfig()
     sharing: SharingConfig = SharingConfig()
+    speculative: SpeculativeConfig = SpeculativeConfig()
 
     @model_validator(mode="before")
     @classmethod

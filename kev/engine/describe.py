@@ -19,7 +19,16 @@ def describe(config: KevConfig, model: ModelConfig, num_blocks: int, device: str
             "precision_choice": describe_precision(core.precision, device), "device": device, "threads": threads,
             "max_parallel": router.max_parallel_queries, "channel_pool": router.channel_pool_size,
             "max_context": core.max_context, "isolation": config.isolation.level, "kv_cache": config.isolation.kv_cache,
-            "kv_blocks": num_blocks, "block_size": core.block_size, "kv_tokens": kv_tokens, "kv_bytes": kv_bytes}
+            "kv_blocks": num_blocks, "block_size": core.block_size, "kv_tokens": kv_tokens, "kv_bytes": kv_bytes,
+            "speculative": _speculative(config)}
+
+
+def _speculative(config: KevConfig) -> str:
+    spec = config.speculative
+    if spec.method == "off":
+        return "off"
+    return (f"{spec.method} (max_draft {spec.max_draft}, match {spec.min_match}-{spec.max_match} tokens, "
+            f"drafts while a step holds < {spec.max_step_rows} rows)")
 
 
 def banner(info: dict[str, Any]) -> str:
@@ -34,4 +43,5 @@ def banner(info: dict[str, Any]) -> str:
             f"isolation {info['isolation']} ({info['kv_cache']} KV); KV pool {info['kv_tokens']} tokens "
             f"({info['kv_blocks']} blocks x {info['block_size']}), {info['kv_bytes'] / 2**20:.1f} MiB"
             + (f"; {info['replicas']} replicas" if info.get("replicas", 1) > 1 else "")
+            + (f"; speculative {info['speculative']}" if info.get("speculative", "off") != "off" else "")
             + (f"; numerics {info['numerics']}" if info.get("numerics") else ""))

@@ -220,11 +220,13 @@ class Engine(RequestFront[Request]):
         meta = pack(plan.work, self.parts.blocks, self.runner.plan, self.runner.device)
         return meta if self.guard.check(meta) else None
 
-    def _record(self, plan: StepPlan, meta: StepMetadata | None, sampled_ids: list[int] | None, started: float) -> int:
+    def _record(self, plan: StepPlan, meta: StepMetadata | None, sampled_ids: list[list[int]] | None,
+                started: float) -> int:
         if meta is None or sampled_ids is None:
             return 0
         step_ms = (time.perf_counter() - started) * 1000
-        self.stats.record(len(plan.work), meta.num_tokens, len(sampled_ids), step_ms, plan.num_prefix_tokens)
+        self.stats.record(len(plan.work), meta.num_tokens, sum(map(len, sampled_ids)), step_ms,
+                          plan.num_prefix_tokens)
         return meta.num_tokens
 
     def subscribe(self, listener: EventListener) -> None:

@@ -101,7 +101,7 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,
              config.isolation.kv_cache, num_blocks * core.block_size * runner.kv_bytes_per_token / 2**20)
     limits = SchedulerLimits(router.max_parallel_queries, core.max_step_tokens, core.prefill_chunk, core.max_context,
-                             unified, router.max_queue)
+                             unified, router.max_queue, config.speculative)
     pool = ChannelPool(router.channel_pool_size, router.channel_queue_depth)
     prefixes = PrefixJobs(blocks, PrefixStore(blocks))
     gateway = Router(router, MeanEmbedder(model.embed_tokens.full_weight(), tokenizer))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any
 
+from kev.engine.drafts import parse_speculative
 from kev.engine.sampling_params import OPTION_NAMES, SamplingParams
 from kev.errors import QuestionError
 
@@ -135,7 +136,8 @@ def validate_sampling(values: Mapping[str, Any], base: SamplingParams, cap: int,
     return SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop), ignore_eos, logprobs,
                           prompt_logprobs,
                           _logit_bias(pick("logit_bias"), f"{where}logit_bias"), presence, frequency, structured,
-                          include_stop)
+                          include_stop,
+                          parse_speculative(pick("speculative"), f"{where}speculative"))
 
 
 def request_sampling(params: SamplingParams, default_max_tokens: int, cap: int) -> SamplingParams:

@@ -18,7 +18,7 @@ from kev.model.tokenizer import Tokenizer
 
 def logit_rows(w: Work, first_row: int) -> list[int]:
     """The packed rows of w whose logits the model returns, in order; the sampling row is last."""
-    if w.scores_prompt:
+    if w.scores_prompt or w.draft:  # a drafted decode samples every one of its rows
         return list(range(first_row, first_row + w.length))
     return [first_row + w.length - 1] if w.samples else []
 
@@ -27,7 +27,7 @@ def logit_rows(w: Work, first_row: int) -> list[int]:
 class LogitRows:
     """The step's logits cut per work item: the sampling rows and each scored prompt chunk."""
 
-    sampling: torch.Tensor  # [num_sampling, vocab], row i for the i-th work item that samples
+    sampling: torch.Tensor  # [num_sampling, vocab]: per work item that samples, in order, 1 + len(draft) rows
     chunks: list[tuple[Work, torch.Tensor]]  # (work, [length, vocab]) for chunks that score their prompt
 
     @classmethod
@@ -40,7 +40,7 @@ class LogitRows:
             if w.scores_prompt:
                 chunks.append((w, logits[row: row + count]))
             if w.samples:
-                picks.append(row + count - 1)
+                picks.extend(range(row + count - 1 - len(w.draft), row + count))
             row += count
         return cls(logits[picks] if len(picks) != row else logits, chunks)
 

@@ -63,8 +63,9 @@ class OutputSettings:
 
 class OutputProcessor:
     def __init__(self, tokenizer: Tokenizer, settings: OutputSettings, requests: dict[str, Request], audit: AuditLog,
-                 stop: Callable[[Question], None]) -> None:
-        """stop(question): the scheduler's stop_at_string, called when the text reaches a stop string."""
+                 stop: Callable[[Question, int | None], None]) -> None:
+        """stop(question, num_tokens): the scheduler's stop_at_string, called when the text reaches a stop string
+        (num_tokens: where the answer ends when the step added tokens after that one)."""
         self.tokenizer, self.settings, self.requests, self.audit, self.stop = tokenizer, settings, requests, audit, stop
         self.texts = TokenTexts(tokenizer)
         self.listeners: list[EventListener] = []  # called with every event, the engine lock held: must not block
@@ -79,11 +80,18 @@ class OutputProcessor:
                 if not q.is_finished or id(q) in live:
                     top = q.sampling.logprobs or 0
                     self._state(q).prompt_logprobs += prompt_entries(q.prompt_ids, w.start, chunk, top, self.texts)
-        for out in outputs:
-            q, state = out.question, self._state(out.question)
+        stopped: set[int] = set()  # questions a stop string ended this step: their later tokens never were
+        for i, out in enumerate(outputs):
+            q = out.question
+            if id(q) in stopped:
+                continue
+            state = self._state(q)
             if out.new_token_ids:
                 assert logits is not None and out.sample_row is not None
-                self._add_token(out, state, logits.sampling[out.sample_row])
+                if self._add_token(out, state, logits.sampling[out.sample_row]):
+                    stopped.add(id(q))
+            if id(q) not in stopped and i + 1 < len(outputs) and outputs[i + 1].question is q:
+                continue  # a drafted step's tokens: one event (or the result) after its last
             if q.is_finished:
                 self._finish(q, state)
             else:
@@ -101,27 +109,29 @@ class OutputProcessor:
             state = self._states[q] = AnswerState(self.tokenizer.incremental_decoder())
         return state
 
-    def _add_token(self, out: QuestionOutput, state: AnswerState, row: torch.Tensor) -> None:
+    def _add_token(self, out: QuestionOutput, state: AnswerState, row: torch.Tensor) -> bool:
+        """True when a stop string ended the question at this token."""
         q, (token,) = out.question, out.new_token_ids
         if self.settings.record_logits or q.shadow or q.shadow_of is not None:
             state.logits.append(row.clone())
         if q.sampling.logprobs is not None:
             state.logprobs.append(sampled_entry(row, token, q.sampling.logprobs, self.texts))
         if token in self.settings.eos_ids and not q.sampling.ignore_eos:
-            return  # EOS ends the answer; it is no part of its text
+            return False  # EOS ends the answer; it is no part of its text
         state.text += state.decoder.push(token)
         if out.finish_reason == "stop":
-            return  # a structured output that is whole
+            return False  # a structured output that is whole
         for stop in q.sampling.stop:
             cut = state.text.find(stop)
             if cut >= 0:
                 state.text = state.text[:cut + (len(stop) if q.sampling.include_stop_str_in_output else 0)]
-                self.stop(q)
-                return
+                self.stop(q, out.num_tokens if out.num_tokens < len(q.output_ids) else None)
+                return True
         if out.finish_reason == "length" and len(q.output_ids) < q.sampling.token_limit:
             self.audit.alert(Alert("truncation_near_boundary",
                                    f"request {q.request_id} question {q.index}: answer cut at channel {q.channel_id}'s "
                                    f"context boundary ({self.settings.max_context} tokens)"))
+        return False
 
     def _emit(self, q: Question, state: AnswerState, final: bool) -> None:
         """Send the text not yet streamed; hold back what could still become a stop string."""

@@ -98,22 +98,33 @@ def pack(work: list[Work], blocks: BlockManager, plan: RowTiling, device: torch.
     spans: list[ChannelSpan] = []
     slot_mapping: list[int] = []
     sample_rows: list[int] = []
-    decode = [w for w in work if w.length == 1 and w.start >= len(w.seq.prompt_ids)]
+    # Decode rows: one per sampled token, plus a drafted question's verify rows (positions past its prompt).
+    decode = [w for w in work if w.start >= len(w.seq.prompt_ids)]
     decode_ids = {id(w) for w in decode}
     prefill = [w for w in work if id(w) not in decode_ids]
     one_gemm = plan.is_one_gemm
     for group in [decode] + [[w] for w in prefill]:
+        first_row = len(rows.input_ids)
         for w in group:
             q, channel, end = w.seq, w.seq.channel_id, w.start + w.length
             assert channel is not None
-            q_start = rows.add(q.all_ids[w.start:end], w.start)
+            ids = q.all_ids[w.start:end] if not w.draft else q.all_ids[w.start:] + list(w.draft)
+            q_start = rows.add(ids, w.start)
             slot_mapping.extend(blocks.slots(channel, w.start, end))
             kv_slots = _key_slots(blocks, channel, end, device)
-            spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device), w.start == 0,
-                                     q.prefix_len, group is decode))
-            sample_rows.extend(logit_rows(w, q_start))  # the sampling row; all rows of a prompt being scored
+            if group is decode:
+                # Every decode row is a span of its own, a drafted question's too: row start + i is exactly the decode
+                # row plain decoding runs at that position (one query over its own start + i + 1 keys, the decode
+                # attention path and its tiles), never a chunk read through the prompt path.
+                spans.extend(ChannelSpan(channel, q_start + i, 1, w.start + i + 1, kv_slots[: w.start + i + 1], None,
+                                         False, q.prefix_len, True) for i in range(w.length))
+            else:
+                spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device),
+                                         w.start == 0, q.prefix_len, False))
+            sample_rows.extend(logit_rows(w, q_start))  # the sampling row(s); all rows of a prompt being scored
         if group and not one_gemm:
-            rows.close_tiles(plan.for_decode(len(group)) if group is decode else plan.for_chunk(group[0].length))
+            num_rows = len(rows.input_ids) - first_row
+            rows.close_tiles(plan.for_decode(num_rows) if group is decode else plan.for_chunk(group[0].length))
     if one_gemm:
         rows.close_tiles(plan.for_step(len(rows.input_ids)))
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731

@@ -22,6 +22,9 @@ class Work:
     length: int  # tokens computed this step
     samples: bool  # does this step produce the question's next token?
     scores_prompt: bool = False  # every row's logits are wanted (prompt_logprobs)
+    # Drafted next tokens (kev.engine.drafts): a decode work of 1 + len(draft) rows, positions start..start+len(draft),
+    # each row computed as plain decoding would compute that position; every row's logits are sampled in turn.
+    draft: tuple[int, ...] = ()
 
     @property
     def question(self) -> Question:
@@ -38,11 +41,22 @@ class SampleRow:
     params: SamplingParams
     grammar: ChannelGrammar | None
     output_ids: tuple[int, ...]  # for presence / frequency penalties (empty when the row has none)
+    draft: tuple[int, ...] = ()  # the question's drafted tokens this step: 1 + len(draft) logits rows are its own
 
     @classmethod
-    def of(cls, question: Question) -> SampleRow:
-        penalised = question.sampling.presence_penalty != 0.0 or question.sampling.frequency_penalty != 0.0
-        return cls(question, question.sampling, question.grammar, tuple(question.output_ids) if penalised else ())
+    def of(cls, question: Question, draft: tuple[int, ...] = ()) -> SampleRow:
+        return cls(question, question.sampling, question.grammar,
+                   tuple(question.output_ids) if cls.penalised(question.sampling) else (), draft)
+
+    @staticmethod
+    def penalised(params: SamplingParams) -> bool:
+        return params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+
+    def at(self, offset: int) -> SampleRow:
+        """What the row `offset` tokens into the draft reads: as if the draft's first `offset` tokens had been
+        sampled (a penalty counts them), with no draft of its own."""
+        ids = self.output_ids + self.draft[:offset] if self.penalised(self.params) else ()
+        return SampleRow(self.question, self.params, self.grammar, ids)
 
 
 @dataclass
@@ -67,3 +81,4 @@ class QuestionOutput:
     new_token_ids: list[int]
     finish_reason: FinishReason | None
     sample_row: int | None = None  # its row in the step's sampled logits
+    num_tokens: int = 0  # len(question.output_ids) once this token is in (a step may add several: drafts)

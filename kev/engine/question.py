@@ -14,6 +14,7 @@ from kev.router.features import QuestionFeatures
 if TYPE_CHECKING:  # torch stays out of bookkeeping; structured (llguidance) is only a type here
     import torch
 
+    from kev.engine.drafts import PromptLookup
     from kev.engine.structured import ChannelGrammar, CompiledGrammar
     from kev.engine.kv.prefix_store import PrefixEntry
 
@@ -73,6 +74,7 @@ class Question:
     error: str | None = None
     grammar: ChannelGrammar | None = None  # the structured-output state of its channel, dropped at finish
     generator: torch.Generator | None = None  # made by the sampler from seed on first use
+    lookup: PromptLookup | bool | None = None  # the scheduler's draft index (False: it does not draft; None: not yet)
 
     def __post_init__(self) -> None:
         if self.grammar_spec is not None and self.grammar is None:

@@ -7,14 +7,27 @@ import torch
 from kev.engine.plan import SampleRow
 
 
-def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[int]:
-    """logits: [num_rows, vocab] fp32, row i belongs to rows[i] (the step plan's snapshot, so a cancel landing
-    meanwhile changes nothing read here). Greedy rows take one batched argmax (an argmax is exact: a row's answer
-    cannot depend on the rows beside it)."""
+def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[list[int]]:
+    """logits: fp32, rows[i] owns 1 + len(rows[i].draft) consecutive rows of it (the step plan's snapshot, so a cancel
+    landing meanwhile changes nothing read here). Per question, the tokens it keeps: row j is sampled only when rows
+    0..j-1 sampled exactly its draft's tokens, so each token comes from the logits plain decoding computes at its
+    position and a seeded generator makes the same draws, one per kept token, in the same order. Greedy rows take one
+    batched argmax (an argmax is exact: a row's answer cannot depend on the rows beside it)."""
     greedy = torch.argmax(logits, dim=-1).tolist() if logits.shape[0] else []
-    # A channel that changes its own row first (grammar, logit_bias, penalties) never takes the batched pick.
-    return [greedy[i] if r.params.is_greedy and r.grammar is None and not r.params.adjusts_logits
-            else sample_one(row, r) for i, (row, r) in enumerate(zip(logits, rows))]
+    picked: list[list[int]] = []
+    first = 0
+    for r in rows:
+        # A channel that changes its own row first (grammar, logit_bias, penalties) never takes the batched pick.
+        batched = r.params.is_greedy and r.grammar is None and not r.params.adjusts_logits
+        tokens: list[int] = []
+        for offset in range(len(r.draft) + 1):
+            token = greedy[first + offset] if batched else sample_one(logits[first + offset], r.at(offset))
+            tokens.append(token)
+            if offset == len(r.draft) or token != r.draft[offset]:
+                break  # the next row was computed from a token plain decoding would not have chosen
+        picked.append(tokens)
+        first += len(r.draft) + 1
+    return picked
 
 
 def sample_one(row: torch.Tensor, sample_row: SampleRow) -> int:

@@ -29,6 +29,9 @@ class SamplingParams:
     # One of json / json_object / regex / choice / grammar (kev.engine.structured compiles it at submit).
     structured_outputs: Mapping[str, Any] | None = None
     include_stop_str_in_output: bool = False  # vLLM's: a stop string that ends the answer stays in its text
+    # Prompt-lookup drafts for this question (kev.engine.drafts.parse_speculative's form); None: the config's
+    # `speculative` section. They change how many positions a step computes, never a token or a logit.
+    speculative: Mapping[str, Any] | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SamplingParams:

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from itertools import count
 
 from kev.results.result import FinishReason
+from kev.config.speculative_config import SpeculativeConfig
 from kev.engine.channel_pool import ChannelPool, queue_order
+from kev.engine.drafts import PromptLookup, resolve
 from kev.engine.fair_share import FairShare, is_batch
 from kev.engine.plan import QuestionOutput, SampleRow, StepPlan, Work
 from kev.engine.prefix_jobs import PrefixJob, PrefixJobs
@@ -49,6 +51,7 @@ class SchedulerLimits:
     max_context: int
     reserve_per_channel: bool  # unified KV: each channel holds max_context blocks for life
     max_queue: int = 0  # overflow FIFO of policy `queue`: questions no channel could take yet
+    speculative: SpeculativeConfig = SpeculativeConfig()  # prompt-lookup drafts: the default and the row budget
 
 
 class Scheduler:
@@ -63,6 +66,7 @@ class Scheduler:
         self._arrival = count()
         self._request_parallel: dict[str, int] = {}  # request_id -> its max_parallel cap
         self._ended: list[QuestionOutput] = []  # finished between updates (deadline, alert): the next update has them
+        self.drafts = DraftCounts()
         # The clock of channel time (entering a channel, tokens, deadlines, finishing): a test moves its own
         # instead of waiting for deadlines to pass.
         self.clock: Callable[[], float] = time.monotonic
@@ -114,7 +118,8 @@ class Scheduler:
         blocks, store = self.blocks, self.prefixes.store
         return EngineLoad(len(self.running), len(self.waiting()), blocks.num_used_blocks, blocks.num_blocks,
                           store.num_loose_queries, store.num_loose_hits,
-                          {tenant: (queries, hits) for tenant, (queries, hits) in store.loose_counts.items()})
+                          {tenant: (queries, hits) for tenant, (queries, hits) in store.loose_counts.items()},
+                          self.drafts.drafts, self.drafts.draft_tokens, self.drafts.accepted_tokens)
 
     def has_work(self) -> bool:
         return bool(self.running or self.overflow or self.pool.num_queued() or self.shadows or self.prefixes.jobs
@@ -139,13 +144,46 @@ class Scheduler:
         budget -= budget // 2 - budget_left
         planned = {id(w.seq) for w in prefill}
         self._plan_prefill([seq for seq in waiting if id(seq) not in planned], budget, prefill, bool(decode))
+        self._plan_drafts(decode, len(decode) + sum(w.length for w in prefill))
         sampling += [w.seq for w in prefill if w.samples and isinstance(w.seq, Question)]  # in packing order
         work = decode + prefill
         for w in work:
             assert w.seq.channel_id is not None  # running, or a prefix job (its owner)
             self.blocks.ensure(w.seq.channel_id, w.start + w.length)
         # sampling: decode rows first, as packed; what sampling reads of them is snapshotted here, under the lock
-        return StepPlan(work, self.prefixes.take_copies(), sampling, [SampleRow.of(q) for q in sampling])
+        drafts = {id(w.seq): w.draft for w in decode if w.draft}
+        return StepPlan(work, self.prefixes.take_copies(), sampling,
+                        [SampleRow.of(q, drafts.get(id(q), ())) for q in sampling])
+
+    def _plan_drafts(self, decode: list[Work], rows: int) -> None:
+        """Adaptive prompt-lookup drafts: while the step holds fewer than speculative.max_step_rows rows, a decoding
+        question that finds its last tokens earlier in its own text gets the tokens that followed as extra rows.
+        Past that budget a step is compute-bound and extra rows would cost what they might save."""
+        budget = min(self.limits.speculative.max_step_rows, self.limits.max_step_tokens) - rows
+        for w in decode:
+            if budget <= 0:
+                return
+            q = w.question
+            lookup = self._lookup(q)
+            if lookup is None:
+                continue
+            # Never past the last position plain decoding computes: its token limit and the context.
+            limit = min(budget, q.sampling.token_limit - len(q.output_ids) - 1,
+                        self.limits.max_context - q.num_tokens - 1)
+            draft = lookup.propose(q.all_ids, limit) if limit > 0 else []
+            if draft:
+                w.draft, w.length = tuple(draft), 1 + len(draft)
+                budget -= len(draft)
+
+    def _lookup(self, q: Question) -> PromptLookup | None:
+        """The question's draft index, made on first use; None where it does not draft (off, or a grammar: its
+        matcher would have to advance through tokens not yet accepted)."""
+        if q.grammar is not None:
+            return None
+        if q.lookup is None:
+            settings = resolve(q.sampling.speculative, self.limits.speculative)
+            q.lookup = PromptLookup(settings) if settings is not None else False
+        return q.lookup if isinstance(q.lookup, PromptLookup) else None
 
     def _chunk_end(self, seq: Question | PrefixJob) -> int:
         """Where the prompt's next chunk ends: a multiple of prefill_chunk counted from its own start (after an attached
@@ -172,28 +210,47 @@ class Scheduler:
             budget -= length
         return budget
 
-    def update(self, plan: StepPlan, sampled_ids: list[int] | None) -> list[QuestionOutput]:
-        """Apply the step's forward (None: it did not run, nothing advanced); per question, what it produced."""
+    def update(self, plan: StepPlan, sampled_ids: list[list[int]] | None) -> list[QuestionOutput]:
+        """Apply the step's forward (None: it did not run, nothing advanced); per question, what it produced: the
+        tokens it kept this step (one, or more where a draft was accepted), each its own QuestionOutput."""
         outputs, self._ended = self._ended, []
         if sampled_ids is None:
             return outputs
+        drafted = {id(w.seq): w for w in plan.work if w.draft}
         for w in plan.work:
-            w.seq.num_computed = w.start + w.length
+            w.seq.num_computed = w.start + w.length  # a drafted question's: set below, from what it kept
         self.prefixes.finish_done()
         now = self.clock()
-        for row, (q, token) in enumerate(zip(plan.sampling, sampled_ids)):
+        row = 0
+        for q, tokens, sample_row in zip(plan.sampling, sampled_ids, plan.sample_rows):
+            first_row, row = row, row + 1 + len(sample_row.draft)
+            if (verified := drafted.get(id(q))) is not None:
+                # Rows start..start + len(tokens) - 1 were computed from the tokens kept: their K/V stand. The
+                # rows after them saw a rejected draft token: their K/V are past num_computed, never read
+                # (a row reads keys up to its own position) and overwritten when plain decoding reaches them.
+                q.num_computed = verified.start + len(tokens)
+                self.drafts.count(len(verified.draft), len(tokens) - 1)
+                if isinstance(q.lookup, PromptLookup):
+                    q.lookup.feedback(len(verified.draft), len(tokens) - 1)
             if q.is_finished:  # cancelled or timed out while the forward ran
                 continue
             q.phase = Phase.DECODE
             if q.sampling.token_limit == 0:  # scoring only: the prompt's logprobs are all it wanted
                 outputs.append(self.finish(q, "length"))
                 continue
-            q.output_ids.append(token)
-            q.first_token_mono, q.last_token_mono = q.first_token_mono or now, now
-            reason, error = self._stop_reason(q, token)
-            if reason is not None:
-                self._end(q, reason, error)
-            outputs.append(QuestionOutput(q, [token], reason, row))
+            q.first_token_mono = q.first_token_mono or now
+            for offset, token in enumerate(tokens):
+                q.output_ids.append(token)
+                q.last_token_mono = now
+                reason, error = self._stop_reason(q, token)
+                if reason is not None:
+                    self._end(q, reason, error)
+                outputs.append(QuestionOutput(q, [token], reason, first_row + offset, len(q.output_ids)))
+                if reason is not None:
+                    break
+            if verified is not None and not q.is_finished and not self.limits.reserve_per_channel:
+                assert q.channel_id is not None
+                self.blocks.trim(q.channel_id, q.num_tokens)  # blocks taken for rejected rows go back
         return outputs
 
     def _stop_reason(self, q: Question, token: int) -> tuple[FinishReason | None, str | None]:
@@ -216,8 +273,12 @@ class Scheduler:
         self._end(question, reason, error)
         return QuestionOutput(question, [], reason)
 
-    def stop_at_string(self, question: Question) -> None:
-        """The output processor found a stop string in the text: it ends here, as a stop (not length)."""
+    def stop_at_string(self, question: Question, num_tokens: int | None = None) -> None:
+        """The output processor found a stop string in the text: it ends here, as a stop (not length). num_tokens:
+        the answer's length at the token that completed it, when a step added tokens after it (drafts): those go, as
+        plain decoding would never have computed them."""
+        if num_tokens is not None:
+            del question.output_ids[num_tokens:]
         if question.is_finished:
             if question.finish_reason == "length":
                 question.finish_reason = "stop"
@@ -368,3 +429,17 @@ class Scheduler:
             return True
         # Idle cached prefixes (loose) give way to live questions.
         return self.prefixes.store.evict(self.blocks.blocks_for(need)) and self.blocks.can_promise(need)
+
+
+@dataclass
+class DraftCounts:
+    """Prompt-lookup drafts verified so far (vLLM's spec-decode counters)."""
+
+    drafts: int = 0  # verify steps a question took with a draft
+    draft_tokens: int = 0  # tokens drafted
+    accepted_tokens: int = 0  # drafted tokens the model itself sampled (each one a step saved)
+
+    def count(self, drafted: int, accepted: int) -> None:
+        self.drafts += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted

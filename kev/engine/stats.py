@@ -47,6 +47,10 @@ class EngineLoad:
     prefix_hits: int = 0  # ... that found the prefix's K/V already computed
     # tenant -> (lookups, hits) of the tenant's requests: the operator's view only (docs/security.md)
     prefix_by_tenant: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Prompt-lookup drafts since start (vLLM's spec-decode counters): verify steps, tokens drafted, tokens accepted.
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     def __add__(self, other: EngineLoad) -> EngineLoad:
         tenants = dict(self.prefix_by_tenant)
@@ -68,6 +72,11 @@ class EngineLoad:
         tenants = {key.partition(":")[2]: (int(n), int(counts.get("prefix_hits:" + key.partition(":")[2], 0)))
                    for key, n in counts.items() if key.startswith("prefix_queries:")}
         return cls(**{f: int(counts.get(f, 0)) for f in _COUNTS}, prefix_by_tenant=tenants)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Drafted tokens the model sampled itself, of all drafted (0 when none was drafted)."""
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else 0.0
 
     @property
     def kv_usage(self) -> float:

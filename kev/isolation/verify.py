@@ -11,6 +11,10 @@ Procedure (docs/isolation-proofs.md):
 3. The last mix also carries the canary; its secret must appear in no other answer.
 4. Compare token ids and logits with torch.equal, and the logprobs (top 5 per new token; in strict
    also every prompt token's) for equality; max |delta logit| shows how far apart they are.
+
+Speculative mode (`kev verify --speculative`): the solo references decode plainly (drafts off) and every mix
+decodes with prompt-lookup drafts, so each comparison proves a drafted, packed answer equal to the plain solo one;
+extraction questions (answers that copy their prompt) join the set so drafts are proposed and accepted.
 """
 from __future__ import annotations
 
@@ -36,6 +40,15 @@ VERIFY_QUESTIONS: list[str] = [
     "Rayleigh scattering, the path length of sunlight through the atmosphere, and why clouds look white "
     "while the sea often looks blue or green on a sunny day.",
 ]
+# Questions whose answers copy spans of their own prompt: what prompt-lookup drafts are for.
+EXTRACTION_QUESTIONS: list[str] = [
+    "Invoice 4471 was issued by Harbor Lane Supplies to Maple Street Bakery on 12 March 2024. The total amount "
+    "due is 1,284.50 euros, payable within 30 days. Copy the sentence that gives the total amount due.",
+    "Meeting notes: the launch moves to 9 June; Priya Raman owns the press release; the budget stays at 40,000 "
+    "dollars. Repeat the notes word for word.",
+]
+DRAFTS_OFF = {"method": "off"}
+DRAFTS_ON = {"method": "prompt_lookup"}  # the config's max_draft and match lengths
 FILLERS: list[str] = ["OK?", "Say yes.", "2+2=?", "Name a colour.", "你好", "Count to three."]
 # The common system prompt under shared/loose, so there is a shared prefix to test.
 DEFAULT_SYSTEM = "You are a careful technical assistant. Answer briefly and precisely."
@@ -53,6 +66,7 @@ class VerifyOptions:
     max_fillers: int = 4
     max_late_steps: int = 3  # steps between a mix's two submits
     seed: int | None = None  # seeds mixes; None draws one (reported, so a failure can be replayed)
+    speculative: bool = False  # solo references without drafts, every mix with prompt-lookup drafts
 
 
 @dataclass
@@ -86,6 +100,9 @@ class VerifyReport:
     checks: list[QuestionCheck]
     canary_check: QuestionCheck
     leaks: list[str] = field(default_factory=list)  # the other answers that contain the secret
+    speculative: bool = False
+    drafted_tokens: int = 0  # speculative mode: tokens the mixes drafted ...
+    accepted_tokens: int = 0  # ... and the model sampled itself
 
     @property
     def identical(self) -> int:
@@ -101,8 +118,11 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Every answer identical to its solo run and no leak; in speculative mode some draft was also accepted (a
+        proof in which no draft ran would prove nothing about drafts)."""
         checked = [*self.checks, self.canary_check]
-        return not self.leaks and all(c.identical == c.trials > 0 for c in checked)
+        drafted = not self.speculative or self.accepted_tokens > 0
+        return not self.leaks and drafted and all(c.identical == c.trials > 0 for c in checked)
 
     def to_dict(self) -> dict[str, Any]:
         diff = self.max_abs_logit_diff
@@ -110,6 +130,8 @@ class VerifyReport:
                 "identical": self.identical, "max_abs_logit_diff": diff if math.isfinite(diff) else None,
                 "canary_leaks": len(self.leaks), "canary_identical": self.canary_check.identical == 1,
                 "level": self.level, "numerics_fingerprint": self.numerics_fingerprint, "seed": self.seed,
+                **({"speculative": True, "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens}
+                   if self.speculative else {}),
                 "ok": self.ok}
 
 
@@ -132,13 +154,15 @@ def run_verify(engine: Engine, options: VerifyOptions,
     rng = random.Random(seed)
     canary = f"KEV-CANARY-{secrets.token_hex(4).upper()}"
     canary_question = f"Remember the code word {canary}. Repeat it."
-    questions = list(dict.fromkeys(options.questions))  # one reference per distinct question
+    extra = EXTRACTION_QUESTIONS if options.speculative else []
+    questions = list(dict.fromkeys([*options.questions, *extra]))  # one reference per distinct question
     references = [*questions, canary_question]
     total, tick = len(references) + options.trials, on_progress or (lambda label, done, total: None)
     solo: dict[str, Result] = {}
     for q in references:
         tick(f"solo reference {len(solo) + 1}/{len(references)}", len(solo), total)
-        solo[q] = run_mix(engine, [MixItem(q, options.max_tokens)], rng, options)[0]
+        solo[q] = run_mix(engine, [MixItem(q, options.max_tokens)], rng, options, drafts=False)[0]
+    before = engine.load()
     checks = {q: QuestionCheck(q, len(solo[q].token_ids)) for q in questions}
     canary_check = QuestionCheck(canary_question, len(solo[canary_question].token_ids))
     leaks: list[str] = []
@@ -146,15 +170,18 @@ def run_verify(engine: Engine, options: VerifyOptions,
         tick(f"packed mix {trial + 1}/{options.trials}", len(references) + trial, total)
         with_canary = trial == options.trials - 1
         items = make_mix(questions, rng, options, canary_question if with_canary else None)
-        for item, result in zip(items, run_mix(engine, items, rng, options)):
+        for item, result in zip(items, run_mix(engine, items, rng, options, drafts=options.speculative)):
             if item.text == canary_question:
                 canary_check.record(result, solo[item.text])
             elif with_canary and canary[-8:].lower() in result.text.lower():
                 leaks.append(f"{item.text[:40]!r} (channel {result.channel_id}): {result.text[:80]!r}")
             if not item.is_filler and item.text in checks:
                 checks[item.text].record(result, solo[item.text])
+    after = engine.load()
     return VerifyReport(options.level, engine.runner.fingerprint, seed, canary, options.trials,
-                        list(checks.values()), canary_check, leaks)
+                        list(checks.values()), canary_check, leaks, options.speculative,
+                        after.spec_draft_tokens - before.spec_draft_tokens,
+                        after.spec_accepted_tokens - before.spec_accepted_tokens)
 
 
 def make_mix(questions: list[str], rng: random.Random, options: VerifyOptions, canary: str | None) -> list[MixItem]:
@@ -167,13 +194,17 @@ def make_mix(questions: list[str], rng: random.Random, options: VerifyOptions, c
     return items
 
 
-def run_mix(engine: Engine, items: list[MixItem], rng: random.Random, options: VerifyOptions) -> list[Result]:
-    """Submit the items in two parts, a random number of steps apart; results in item order."""
+def run_mix(engine: Engine, items: list[MixItem], rng: random.Random, options: VerifyOptions,
+            drafts: bool = False) -> list[Result]:
+    """Submit the items in two parts, a random number of steps apart; results in item order. drafts: with
+    prompt-lookup drafts; else as the config says (plain where the mode is speculative: the reference)."""
     cut = rng.randint(1, len(items))
     queries = [{"text": item.text, "max_tokens": item.max_tokens} for item in items]
     # Prompt logprobs keep a question off the shared prefix, so only strict (which copies it anyway) asks for them.
     submit: dict[str, Any] = dict(isolation=options.level, system=options.system, timeout_ms=TIMEOUT_MS,
                                   logprobs=TOP_LOGPROBS, prompt_logprobs=options.level == "strict")
+    if options.speculative:
+        submit["speculative"] = DRAFTS_ON if drafts else DRAFTS_OFF
     first = engine.submit(queries[:cut], **submit)
     for _ in range(rng.randint(0, options.max_late_steps) if cut < len(items) else 0):
         engine.step()

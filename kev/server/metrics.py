@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kev.results.result import Result
@@ -99,7 +99,7 @@ class ServerMetrics:
         self.kv_total = Gauge("kev_kv_blocks_total", "KV blocks in the pool", registry=r)
         self.channels = Gauge("kev_channels", "channels by state", ["state"], registry=r)
         self.inflight = Gauge("kev_inflight_requests", "HTTP requests being answered or streamed", registry=r)
-        self.totals = EngineTotals()
+        self.totals = EngineTotals(model_name)
         r.register(self.totals)
         self.vllm = VllmMetrics(r, model_name)  # the same quantities under vLLM's names, for its dashboards
         self._last_step: StepRecord | None = None
@@ -165,11 +165,12 @@ class EngineTotals(Collector):
     """Counters whose totals the engines keep (the audit's alerts, the loose prefix cache): exported as they
     were last read, so the count has one home and a scrape never double-counts."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "kev") -> None:
         self.alerts: dict[str, int] = {kind: 0 for kind in ALERT_KINDS}
         self.load = EngineLoad()
+        self.model_name = model_name
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         alerts = CounterMetricFamily("kev_isolation_alerts", "audit alerts raised by the engines since start, by kind",
                                      labels=["kind"])
         for kind, count in self.alerts.items():
@@ -180,6 +181,22 @@ class EngineTotals(Collector):
         yield CounterMetricFamily("kev_prefix_cache_hits", "loose-level prefix cache lookups that found the prefix's "
                                   "K/V already there (no prefill)", value=self.load.prefix_hits)
         yield from _per_tenant(self.load.prefix_by_tenant)
+        yield from _spec_decode(self.load, self.model_name)
+
+
+def _spec_decode(load: EngineLoad, model_name: str) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Prompt-lookup drafts under vLLM's spec-decode names (its dashboards' acceptance panels read them)."""
+    for name, doc, value in (
+            ("vllm:spec_decode_num_drafts", "verify steps a question took with a draft", load.spec_drafts),
+            ("vllm:spec_decode_num_draft_tokens", "tokens drafted", load.spec_draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", "drafted tokens the model sampled itself",
+             load.spec_accepted_tokens)):
+        family = CounterMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([model_name], value)
+        yield family
+    rate = GaugeMetricFamily("kev_spec_decode_acceptance_rate", "accepted / drafted tokens since start (0: none "
+                             "drafted)", value=load.acceptance_rate)
+    yield rate
 
 
 def _per_tenant(counts: dict[str, tuple[int, int]]) -> Iterator[CounterMetricFamily]:

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kev.engine.sampling_params import SamplingParams
-from kev.server.api_models import MAX_SEED, NonEmptyText, Stop, StructuredOutputs, Temperature, Text, whole_numbers
+from kev.server.api_models import (MAX_SEED, NonEmptyText, Speculative, Stop, StructuredOutputs, Temperature, Text,
+                                   whole_numbers)
 from kev.server.errors import ApiError
 from kev.server.tools.schema import ToolCallIn, ToolCallOut, ToolChoice, ToolDef
 
@@ -120,6 +121,9 @@ class _Sampling(_OpenAIBody):
     guided_regex: NonEmptyText | None = None
     guided_choice: Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
     guided_grammar: NonEmptyText | None = None
+    # vLLM's engine argument, per request here: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min":
+    # M, "prompt_lookup_max": N} (Kev's names too); drafts never change the answer.
+    speculative_config: Speculative | None = None
 
     def check_supported(self) -> None:
         extra = self.model_extra or {}
@@ -175,7 +179,8 @@ class _Sampling(_OpenAIBody):
             "top_p": self.top_p, "top_k": self.top_k, "stop": self.stop, "structured_outputs": structured,
             "logit_bias": self.logit_bias or None, "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty, "ignore_eos": self.ignore_eos,
-            "include_stop_str_in_output": self.include_stop_str_in_output, **logprobs})
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "speculative": None if self.speculative_config is None else self.speculative_config.engine(), **logprobs})
 
     def request_options(self) -> dict[str, Any]:
         """submit()'s request-level options the body sets."""

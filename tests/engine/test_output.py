@@ -35,7 +35,7 @@ class Harness:
         self.events: list[StreamEvent] = []
         self.output.listeners.append(self.events.append)
 
-    def stop(self, q: Question) -> None:
+    def stop(self, q: Question, num_tokens: int | None = None) -> None:
         self.stopped.append(q)
         end(q, "stop")
 

@@ -76,6 +76,23 @@ class BlockManager:
         if taken and self.on_change:
             self.on_change("alloc", channel_id, taken)
 
+    def trim(self, channel_id: int, num_tokens: int) -> list[int]:
+        """Give back the channel's blocks past the first num_tokens positions (speculative rows it did not keep);
+        they were its own and writable. Returns the freed ids."""
+        table = self._tables.get(channel_id, [])
+        keep = self.blocks_for(num_tokens)
+        freed = table[keep:]
+        if not freed:
+            return []
+        del table[keep:]
+        for block in freed:
+            assert block not in self.read_only, "a shared prefix block is never past the channel's own tokens"
+            self._ref_counts[block] -= 1
+            self._free.append(block)
+        if self.on_change:
+            self.on_change("release", channel_id, freed)
+        return freed
+
     def share(self, owner: int, blocks: list[int]) -> None:
         """Append read-only blocks of a shared prefix to the owner's table (ref counted)."""
         assert all(b in self.read_only for b in blocks), "only read-only blocks may be shared"
