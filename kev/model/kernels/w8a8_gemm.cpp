@@ -361,8 +361,11 @@ bool path_present(Path p) {
   }
 }
 
-Path best_path() {
-  if (path_present(kAmx)) return kAmx;
+// AMX from kAmxMinRows rows: below it the call streams weights from memory and a tile's mostly empty rows cost more
+// than vpdpbusd (measured on a Xeon of family 6 model 167: even at 1 row, AMX ahead from 8; bench/w8a8_speed.py).
+constexpr int64_t kAmxMinRows = 4;
+Path best_path(int64_t rows) {
+  if (rows >= kAmxMinRows && path_present(kAmx)) return kAmx;
   if (path_present(kVnni)) return kVnni;
   return kPlain;
 }
@@ -386,7 +389,7 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
   const bool has_bias = bias && bias->defined();
   TORCH_CHECK(!has_bias || (bias->scalar_type() == at::kFloat && bias->numel() == cells.size(0) * kCols),
               "kev::w8a8_linear: the bias must be fp32, one per (padded) output column");
-  const Path chosen = path == kAuto ? best_path() : static_cast<Path>(path);
+  const Path chosen = path == kAuto ? best_path(x.size(0)) : static_cast<Path>(path);
   TORCH_CHECK(path_present(chosen), "kev::w8a8_linear: path ", path, " is not present on this CPU");
   const int64_t rows = x.size(0);
   auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
