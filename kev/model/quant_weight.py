@@ -174,6 +174,7 @@ class QuantWeight:
             w = kquant.dequantize(self.quants(), self.kind, kquant.scales(self.cells, self.kind))
             return w[: self.out_features]
         if self.kind == Kind.W8:
+            assert self.scale is not None  # w8a8 cells always come with their per-column scale
             return self.unscaled() * self.scale[: self.out_features, None]
         q = self.quants().float()[: self.out_features].view(self.out_features, -1, BLOCK)
         if self.kind == Kind.Q4:
@@ -313,6 +314,7 @@ def reference_w8a8(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     """kernels/w8a8_gemm.cpp's math in torch ops, fp32 [rows, out]: the exact integer sum over all of K (float64
     matmul of small integers is exact: |sum| < 2^31), then (float(isum) · scale[n]) · dx[m] (+ bias[n]), each step
     rounded on its own."""
+    assert w.scale is not None
     xq, dx = quantize_per_row(x)
     isum = xq.to(torch.float64) @ w.unscaled().to(torch.float64).t()
     out = isum.float() * w.scale[: w.out_features]

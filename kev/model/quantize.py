@@ -10,7 +10,6 @@ skips the rounding.
 from __future__ import annotations
 
 import hashlib
-import logging
 from pathlib import Path
 
 import torch
@@ -20,8 +19,6 @@ from torch import nn
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
 from kev.model.quant_weight import pack_w8a8
-
-log = logging.getLogger("kev.model")
 
 SCALE_SUFFIX = ".scale"
 
