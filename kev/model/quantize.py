@@ -31,10 +31,14 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def to_w8a8(model: LlamaModel) -> None:
-    """core.precision w8a8: every int8 Linear (weight and per-column scale from quantize_rows) moves onto the w8a8
-    kernel (kernels/w8a8_gemm.cpp: per-row int8 activations, one int32 sum over all of K); one copy is kept."""
+    """core.precision w8a8: every int8 Linear but the head (weight and per-column scale from quantize_rows) moves onto
+    the w8a8 kernel (kernels/w8a8_gemm.cpp: per-row int8 activations, one int32 sum over all of K); one copy is
+    kept."""
+    # The head (a tied model's token table) stays int8 weight-only, as vLLM's w8a8 checkpoints keep lm_head out of
+    # int8 activations: its logits are what sampling reads, and per-token int8 there costs perplexity.
+    head = model.lm_head if model.lm_head is not None else model.embed_tokens
     for module in model.modules():
-        if isinstance(module, Linear) and module.scale is not None:
+        if isinstance(module, Linear) and module.scale is not None and module is not head:
             module.packed = pack_w8a8(module.weight.data, module.scale, module.bias)
             module.weight = nn.Parameter(module.weight.data.new_empty(0), requires_grad=False)
             module.scale = None
