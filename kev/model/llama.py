@@ -19,7 +19,7 @@ from kev.model.row_invariance import Multiply
 from kev.model.step_metadata import StepMetadata
 from kev.model.fused_layers import FusedLayers, LayerParts
 from kev.model.linear import GemmWeight, Linear
-from kev.model.quant_weight import QuantLinear, active_path, quant_parts
+from kev.model.quant_weight import QuantLinear, quant_parts
 
 
 class RMSNorm(nn.Module):
@@ -233,10 +233,11 @@ class LlamaModel(nn.Module):
     def weight_numerics(self) -> str:
         """How linear weights enter the sums: their dtype, and where some are quantized blocks (core.precision
         gguf, w8a8) every block format held and the quantized kernel's instruction-set path."""
-        quants = sorted({part.type_name for m in self.modules() if isinstance(m, Linear)
-                         and isinstance(m.packed, QuantLinear) for part in quant_parts(m.packed)})
+        parts = [part for m in self.modules() if isinstance(m, Linear) and isinstance(m.packed, QuantLinear)
+                 for part in quant_parts(m.packed)]
+        quants, kernels = sorted({p.type_name for p in parts}), sorted({p.kernel for p in parts})
         dtype = str(self.first_blocks()[0].qkv_proj.weight.dtype)
-        return f"{dtype}+{','.join(quants)}@kev-quant-{active_path()}" if quants else dtype
+        return f"{dtype}+{','.join(quants)}@{'+'.join(kernels)}" if quants else dtype
 
     def kernel_identity(self) -> str:
         """What decides the bits of a linear row: the shapes, the weights' dtype (int8 or the compute dtype) and

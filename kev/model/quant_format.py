@@ -7,6 +7,7 @@ from enum import IntEnum
 BLOCK = 32  # k per quant block
 COLS = 16  # output columns per packed cell
 SUPER = 256  # k per K-quant super-block (one packed cell of Q4_K / Q5_K / Q6_K)
+W8_TILE_K = 64  # k per w8a8 cell (an AMX tile's row of int8)
 
 
 class Kind(IntEnum):
@@ -19,7 +20,8 @@ class Kind(IntEnum):
     Q4_K = 3  # K-quants (model/kquant.py): cells of 16 columns × 256 k
     Q5_K = 4
     Q6_K = 5
+    W8 = 6  # w8a8 (cpu_kernels/w8a8_gemm.cpp): int8 per output column, one int32 sum over all of K; cells of 16 × 64 k
 
     @property
     def super_blocks(self) -> bool:
-        return self >= Kind.Q4_K
+        return self in (Kind.Q4_K, Kind.Q5_K, Kind.Q6_K)

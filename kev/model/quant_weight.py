@@ -16,7 +16,7 @@ from functools import cache
 import torch
 
 from kev.model import kquant
-from kev.model.quant_format import BLOCK, COLS, SUPER, Kind
+from kev.model.quant_format import BLOCK, COLS, SUPER, W8_TILE_K, Kind
 
 
 def kernel_paths() -> tuple[str, ...]:
@@ -33,6 +33,19 @@ def active_path() -> str:
     """What QuantWeight runs on: the best kernel path, or torch's ops."""
     paths = kernel_paths()
     return paths[0] if paths else "torch"
+
+
+def w8a8_paths() -> tuple[str, ...]:
+    """w8a8's kernel paths present on this CPU, best first ("amx", "avx512-vnni", "plain"); () without the kernels."""
+    return _w8a8_paths() if hasattr(torch.ops.kev, "w8a8_paths") else ()
+
+
+@cache
+def _w8a8_paths() -> tuple[str, ...]:
+    return tuple(torch.ops.kev.w8a8_paths())
+
+
+W8A8_PATHS = {"avx512-vnni": 1, "plain": 2, "amx": 3}  # cpu_kernels/w8a8_gemm.cpp's path numbers
 
 
 def cell_layout(kind: Kind, has_d: bool) -> list[tuple[str, int]]:
@@ -59,10 +72,15 @@ class QuantWeight:
 
     @property
     def kernel(self) -> str:
+        if self.kind == Kind.W8:
+            paths = w8a8_paths()
+            return f"kev-w8a8-{paths[0] if paths else 'torch'}"
         return f"kev-quant-{active_path()}"
 
     def part(self, name: str) -> torch.Tensor | None:
         """One part of every cell, [column blocks, K/32, 16 (d, m, wsum) | bytes (qs)] in its dtype, or None."""
+        if self.kind == Kind.W8:
+            return self.cells if name == "qs" else None
         if self.kind.super_blocks:
             return kquant.cell_part(self.cells, self.kind, name).contiguous() if name == "qs" else None
         at = 0
@@ -91,9 +109,10 @@ class QuantWeight:
         return self.multiply(x, 0 if kernel_paths() and x.device.type == "cpu" else -1).to(x.dtype)
 
     def multiply(self, x: torch.Tensor, path: int) -> torch.Tensor:
-        """fp32 [rows, out]: path 0 the best kernel, 1 AVX-512 VNNI, 2 AVX2, -1 torch's ops (the same bits)."""
+        """fp32 [rows, out]: path 0 the best kernel, 1 AVX-512 VNNI, 2 AVX2 (W8: plain C++), 3 AMX (W8), -1 torch's
+        ops (the same bits)."""
         if path < 0:
-            return reference_linear(x, self)
+            return reference_w8a8(x, self) if self.kind == Kind.W8 else reference_linear(x, self)
         return torch.ops.kev.quant_linear(x.contiguous(), self.cells, self.scale, self.bias, self.out_features, path)
 
     def tensors(self) -> list[torch.Tensor]:
@@ -110,6 +129,9 @@ class QuantWeight:
     def quants(self) -> torch.Tensor:
         """The quants [out (padded to 16), K] as int16 values (Q8: signed; Q4: 0..15)."""
         blocks, kblocks = self.qs.shape[:2]
+        if self.kind == Kind.W8:  # [blocks, K/64, 16 steps, 16 columns, 4 k], each w + 128
+            q = self.cells.view(blocks, kblocks, 16, COLS, 4).permute(0, 3, 1, 2, 4).reshape(blocks * COLS, -1)
+            return q[:, : self.in_features].to(torch.int16) - 128
         if self.kind == Kind.Q8:  # [blocks, kblocks, 8 steps, 16 columns, 4 k]
             q = self.qs.view(torch.int8).view(blocks, kblocks, 8, COLS, 4).permute(0, 3, 1, 2, 4)
             return q.reshape(blocks * COLS, kblocks * BLOCK).to(torch.int16)
@@ -125,6 +147,9 @@ class QuantWeight:
         if self.kind.super_blocks:
             w = kquant.dequantize(self.quants(), self.kind, kquant.scales(self.cells, self.kind))
             return w[: self.out_features]
+        if self.kind == Kind.W8:
+            assert self.scale is not None  # w8a8 cells always come with their per-column scale
+            return self.unscaled() * self.scale[: self.out_features, None]
         q = self.quants().float()[: self.out_features].view(self.out_features, -1, BLOCK)
         if self.kind == Kind.Q4:
             q = q - 8
@@ -232,6 +257,43 @@ def pack(q: torch.Tensor, d: torch.Tensor | None, m: torch.Tensor | None, kind: 
     layout = [parts[name] for name, _ in cell_layout(kind, d is not None)]
     joined = torch.cat([p.reshape(blocks, kblocks, -1).view(torch.uint8) for p in layout if p is not None], dim=-1)
     return QuantWeight(joined.contiguous(), padded, bias_p, kind, out_features, in_features, type_name)
+
+
+def pack_w8a8(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> QuantWeight:
+    """w8a8: q int8 [out, in] (|q| <= 127) with W ≈ q · scale[:, None], as cpu_kernels/w8a8_gemm.cpp reads it: cells
+    [column blocks, ceil(in/64), 1024] of 16 steps × 16 columns × 4 k, each weight as the byte w + 128 (k padded
+    with w = 0)."""
+    out_features, in_features = q.shape
+    blocks, ktiles = -(-out_features // COLS), -(-in_features // W8_TILE_K)
+    padded = torch.nn.functional.pad(q.to(torch.int16), (0, ktiles * W8_TILE_K - in_features,
+                                                         0, blocks * COLS - out_features))
+    cells = (padded + 128).to(torch.uint8).view(blocks, COLS, ktiles, 16, 4).permute(0, 2, 3, 1, 4)
+    pad = blocks * COLS - out_features
+    return QuantWeight(cells.reshape(blocks, ktiles, 1024).contiguous(),
+                       torch.nn.functional.pad(scale.float(), (0, pad)).contiguous(),
+                       None if bias is None else torch.nn.functional.pad(bias.float(), (0, pad)).contiguous(),
+                       Kind.W8, out_features, in_features, "w8a8")
+
+
+def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w8a8's activations, each row with one scale: (q int8 [rows, K], dx fp32 [rows]), dx = max|x| / 127,
+    q = round-half-even(x · (1/dx)) — cpu_kernels/w8a8_gemm.cpp's quantization in torch ops."""
+    xf = x.float()
+    dx = xf.abs().amax(-1) / 127
+    inverse = torch.where(dx != 0, 1.0 / dx, torch.zeros_like(dx))
+    return torch.round(xf * inverse[:, None]).to(torch.int8), dx
+
+
+def reference_w8a8(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """cpu_kernels/w8a8_gemm.cpp's math in torch ops, fp32 [rows, out]: the exact integer sum over all of K (float64
+    matmul of small integers is exact: |sum| < 2^31), then (float(isum) · scale[n]) · dx[m] (+ bias[n]), each step
+    rounded on its own."""
+    assert w.scale is not None
+    xq, dx = quantize_per_row(x)
+    isum = xq.to(torch.float64) @ w.unscaled().to(torch.float64).t()
+    out = isum.float() * w.scale[: w.out_features]
+    out = out * dx[:, None]
+    return out + w.bias[: w.out_features] if w.bias is not None else out
 
 
 def _nibbles(q: torch.Tensor, blocks: int, kblocks: int) -> torch.Tensor:

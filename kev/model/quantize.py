@@ -1,5 +1,5 @@
 """core.precision int8: weight-only, symmetric, one scale per output channel (w8a8: the same weights, times
-per-row int8 activations on model/quant_weight.py's kernel).
+per-row int8 activations on cpu_kernels/w8a8_gemm.cpp).
 
 Every Linear's weight (the token table included: a tied model's head is the table) becomes int8 with
 an fp32 scale per row, W ≈ q · scale. Activations, norms and K/V stay in the compute dtype (bf16; fp16
@@ -10,7 +10,6 @@ skips the rounding.
 from __future__ import annotations
 
 import hashlib
-import logging
 from pathlib import Path
 
 import torch
@@ -19,9 +18,7 @@ from torch import nn
 
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
-from kev.model.quant_weight import BLOCK, Kind, pack
-
-log = logging.getLogger("kev.model")
+from kev.model.quant_weight import pack_w8a8
 
 SCALE_SUFFIX = ".scale"
 
@@ -34,16 +31,15 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def to_w8a8(model: LlamaModel) -> None:
-    """core.precision w8a8: every int8 Linear (weight and per-column scale from quantize_rows) moves onto the
-    quantized-activation kernel (model/quant_weight.py) as int8 blocks with its scale; one copy is kept."""
+    """core.precision w8a8: every int8 Linear but the head (weight and per-column scale from quantize_rows) moves onto
+    the w8a8 kernel (cpu_kernels/w8a8_gemm.cpp: per-row int8 activations, one int32 sum over all of K); one copy is
+    kept."""
+    # The head (a tied model's token table) stays int8 weight-only, as vLLM's w8a8 checkpoints keep lm_head out of
+    # int8 activations: its logits are what sampling reads, and per-token int8 there costs perplexity.
+    head = model.lm_head if model.lm_head is not None else model.embed_tokens
     for module in model.modules():
-        if isinstance(module, Linear) and module.scale is not None:
-            if module.in_features % BLOCK:
-                log.info("w8a8: a linear with in_features %d (not a multiple of %d) stays int8 weight-only",
-                         module.in_features, BLOCK)
-                continue
-            module.packed = pack(module.weight.data, None, None, Kind.Q8, "w8a8", scale=module.scale,
-                                 bias=module.bias)
+        if isinstance(module, Linear) and module.scale is not None and module is not head:
+            module.packed = pack_w8a8(module.weight.data, module.scale, module.bias)
             module.weight = nn.Parameter(module.weight.data.new_empty(0), requires_grad=False)
             module.scale = None
 

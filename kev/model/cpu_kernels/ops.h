@@ -11,6 +11,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
                   const c10::optional<at::Tensor>& scale, int64_t out_features);
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
                         const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path);
+at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
+                       const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path);
+bool is_w8a8_cells(const at::Tensor& cells);
 void paged_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
                      const at::Tensor& slots, const at::Tensor& starts, const at::Tensor& lengths, double scale);
 void prefill_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& spans,

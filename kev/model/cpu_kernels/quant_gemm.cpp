@@ -627,10 +627,11 @@ Path best_path() {
 // path: 0 the best built, 1 AVX-512 VNNI, 2 AVX2 (tests force each to compare their bits).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
                         const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path) {
+  TORCH_CHECK(cells.scalar_type() == at::kByte && cells.dim() == 3, "kev::quant_linear: cells must be uint8 3-d");
+  if (is_w8a8_cells(cells)) return w8a8_linear(x, cells, scale, bias, out_features, path);  // w8a8_gemm.cpp
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % kBlockK == 0,
               "kev::quant_linear: x must be a contiguous [rows, K] matrix with K a multiple of 32");
   const int64_t kblocks = x.size(1) / kBlockK;
-  TORCH_CHECK(cells.scalar_type() == at::kByte && cells.dim() == 3, "kev::quant_linear: cells must be uint8 3-d");
   const Layout layout = layout_of(cells.size(2));
   const int64_t kind = layout.kind;
   const bool has_d = layout.has_d;
