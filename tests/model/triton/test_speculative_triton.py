@@ -11,7 +11,7 @@ import torch
 import kev
 from kev.engine.engine_setup import build_parts
 from kev.model.weights import random_model
-from tests.model.cuda.conftest import TINY, needs_triton
+from tests.model.triton.conftest import TINY, needs_triton
 
 CPU = torch.device("cpu")
 OFF = {"method": "off"}
