@@ -31,8 +31,8 @@ from kev.batch.local_backend import default_max_inflight
 from kev.batch.output_file import OutputFile
 from kev.batch.requests import BatchRequest, RequestBuilder, build_all
 from kev.batch.runner import BatchRunner
-from kev.server.bridge import EngineBridge
-from kev.server.metrics import ServerMetrics
+from kev.backend.bridge import EngineBridge
+from kev.backend.metrics import ServerMetrics
 
 TOPICS = ("the sea", "a cat", "mountains", "rain", "coffee", "trains", "the moon", "a garden", "music", "winter")
 

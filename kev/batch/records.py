@@ -10,10 +10,10 @@ from typing import Any
 from kev.results.result import Result
 from kev.batch.input_file import LineError
 from kev.batch.requests import BatchRequest
-from kev.server.answer_errors import answer_error, first_failure
-from kev.server.errors import error_body
+from kev.wire.answer_errors import answer_error, first_failure
+from kev.wire.bodies.errors import error_body
 from kev.model.tokenizer import Tokenizer
-from kev.server.openai_format import Reply, best_of
+from kev.wire.openai_format import Reply, best_of
 
 
 def answer_record(request: BatchRequest, request_id: str, results: list[Result], model: str,

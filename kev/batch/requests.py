@@ -1,6 +1,6 @@
 """A BatchLine's body, checked as the HTTP route checks it, becomes the engine questions and options it stands for.
 
-The bodies are the OpenAI routes' own models (kev/server/openai_models.py) and the server's
+The bodies are the OpenAI routes' own models (kev/wire/bodies/openai_models.py) and the server's
 limits, so a line is refused for exactly what the route would refuse, naming the same field.
 """
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pydantic import ValidationError
 from kev.engine.sampling_params import SamplingParams
 from kev.batch.input_file import CHAT_URL, BatchLine, LineError
 from kev.config import KevConfig
-from kev.server.answer_errors import BodyShape
-from kev.server.errors import ApiError, validation_error
-from kev.server.limits import Limits
-from kev.server.openai_format import Kind
-from kev.server.openai_models import ChatCompletionBody, CompletionBody
+from kev.wire.answer_errors import BodyShape
+from kev.wire.bodies.errors import ApiError, validation_error
+from kev.wire.limits import Limits
+from kev.wire.openai_format import Kind
+from kev.wire.bodies.openai_models import ChatCompletionBody, CompletionBody
 
 
 

@@ -21,8 +21,8 @@ from kev.batch.line_groups import Positioned, group_lines, merged_queries, split
 from kev.batch.records import answer_record, response_record
 from kev.batch.requests import BatchRequest
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError
-from kev.server.bridge import EngineBridge
-from kev.server.errors import ApiError, error_body
+from kev.backend.bridge import EngineBridge
+from kev.wire.bodies.errors import ApiError, error_body
 
 log = logging.getLogger("kev.batch")
 Emit = Callable[[BatchRequest, dict[str, Any]], None]

@@ -11,19 +11,20 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kev.results.result import Result
 from kev.engine.sampling_params import SamplingParams
-from kev.server.answer_errors import BodyShape, answer_error, first_failure
-from kev.server.errors import ApiError, error_responses
-from kev.server.openai_format import Reply, best_of
-from kev.server.openai_models import (ChatCompletion, ChatCompletionBody, Completion, CompletionBody, ModelCard,
+from kev.wire.answer_errors import BodyShape, answer_error, first_failure
+from kev.wire.bodies.errors import ApiError
+from kev.server.errors import error_responses
+from kev.wire.openai_format import Reply, best_of
+from kev.wire.bodies.openai_models import (ChatCompletion, ChatCompletionBody, Completion, CompletionBody, ModelCard,
                                       ModelList)
 from kev.server.registry import Tracked
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
 from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
 from kev.config.tenants import caller_of
-from kev.server.tools.prompt import prompt_kind
-from kev.server.tools.reply import ToolReply
-from kev.server.tools.request import plan_tools
+from kev.wire.tools.prompt import prompt_kind
+from kev.wire.tools.reply import ToolReply
+from kev.wire.tools.request import plan_tools
 
 router = APIRouter(tags=["openai"])
 _ERRORS = error_responses(400, 401, 404, 413, 422, 429, 503)

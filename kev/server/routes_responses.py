@@ -13,21 +13,22 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from kev.results.result import Result
-from kev.server.answer_errors import BodyShape, answer_error
-from kev.server.errors import ApiError, error_responses, field_path
-from kev.server.openai_format import Reply
-from kev.server.openai_models import ChatCompletionBody
+from kev.wire.answer_errors import BodyShape, answer_error
+from kev.wire.bodies.errors import ApiError, field_path
+from kev.server.errors import error_responses
+from kev.wire.openai_format import Reply
+from kev.wire.bodies.openai_models import ChatCompletionBody
 from kev.server.registry import Tracked
-from kev.server.responses.body import ResponsesBody
-from kev.server.responses.objects import (EventStream, new_id, output_items, response_object, status_of,
+from kev.wire.responses.body import ResponsesBody
+from kev.wire.responses.objects import (EventStream, new_id, output_items, response_object, status_of,
                                           usage_of)
-from kev.server.responses.store import ResponseStore, Stored
+from kev.wire.responses.store import ResponseStore, Stored
 from kev.server.routes_kev import get_service
 from kev.server.routes_openai import _check_common, _refuse_bad_prompts, _tool_field
 from kev.server.service import KevService
 from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
 from kev.config.tenants import caller_of
-from kev.server.tools.request import plan_tools
+from kev.wire.tools.request import plan_tools
 
 router = APIRouter(tags=["openai"])
 

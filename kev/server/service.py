@@ -18,10 +18,10 @@ from kev.config import KevConfig
 from kev.engine.sampling_params import SamplingParams
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError, UnknownRequestError
 from kev.model.tokenizer import Tokenizer
-from kev.server.bridge import EngineBridge
-from kev.server.errors import ApiError
-from kev.server.limits import Limits
-from kev.server.metrics import ServerMetrics
+from kev.backend.bridge import EngineBridge
+from kev.wire.bodies.errors import ApiError
+from kev.wire.limits import Limits
+from kev.backend.metrics import ServerMetrics
 from kev.server.oplog import log_access, log_banner
 from kev.server.registry import RequestRegistry, Tracked
 from kev.config.tenants import Tenants

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kev.config import KevConfig
-from kev.server.api_models import ChatMessage, QuestionObject, SubmitBody
-from kev.server.errors import ApiError
+from kev.wire.bodies.api_models import ChatMessage, QuestionObject, SubmitBody
+from kev.wire.bodies.errors import ApiError
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 
 from kev.results.result import Result
-from kev.server.errors import ApiError
-from kev.server.openai_format import Kind
+from kev.wire.bodies.errors import ApiError
+from kev.wire.openai_format import Kind
 
 _QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
 _TOKEN_INDEX = re.compile(r"^queries\[\d+\]\.prompt_ids\[(\d+)\]")

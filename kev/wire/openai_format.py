@@ -7,8 +7,9 @@ from typing import Any, Literal
 
 from kev.results.result import Result
 from kev.engine.request import StreamEvent
-from kev.server.openai_models import ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, Usage
-from kev.server.tools.reply import ToolReply
+from kev.wire.bodies.openai_models import (ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice,
+                                           Usage)
+from kev.wire.tools.reply import ToolReply
 
 Kind = Literal["chat", "text"]
 
