@@ -32,7 +32,8 @@ from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
 from kev.server.oplog import report_stats
 from kev.server.playground import routes as playground
 from kev.server.schema_limits import Vocab, apply_limits, served_vocab
-from kev.server.service import KevService, served_model_name
+from kev.server.service import KevService
+from kev.wire.engine_call import served_model_name
 from kev.config.tenants import Tenants, open_server_notices
 
 log = logging.getLogger("kev.server")

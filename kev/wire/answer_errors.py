@@ -33,6 +33,14 @@ def first_failure(results: list[Result]) -> Result | None:
     return next((r for r in results if r.status == "error"), None)
 
 
+def refuse_failed(results: list[Result], shape: BodyShape) -> None:
+    """A prompt the engine refused (longer than core.max_context, a token id outside the vocabulary, a schema
+    that does not compile or led nowhere) fails the whole call, as with OpenAI; the error names the body's field."""
+    failed = first_failure(results)
+    if failed is not None:
+        raise answer_error(failed, shape)
+
+
 def answer_error(failed: Result, shape: BodyShape) -> ApiError:
     """The error the route answers for a body one of whose questions failed (as OpenAI, the whole call fails)."""
     field = failed.error_field
