@@ -85,7 +85,7 @@ def imports() -> dict[str, dict[str, int]]:
     graph: dict[str, dict[str, int]] = {}
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text(), str(path))
-        skipped, found = _type_checking_only(tree), {}
+        skipped, found = _type_checking_only(tree), dict[str, int]()
         for node in ast.walk(tree):
             if id(node) in skipped:
                 continue

@@ -1,7 +1,8 @@
 """KevService: what every route shares: the backend (once loaded), limits, registry, metrics.
 
 Routes stay thin: they validate, call submit() / wait() / results() / release(), and format.
-The backend is an EngineBridge over the engine of deploy.mode (an Engine, replicas or a cluster); see backend.py.
+The backend is an EngineBridge over the engine of deploy.mode (an Engine, replicas or a cluster); see
+kev/backend/factory.py.
 """
 from __future__ import annotations
 
