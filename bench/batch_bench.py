@@ -31,8 +31,8 @@ from kev.batch.local_backend import default_max_inflight
 from kev.batch.output_file import OutputFile
 from kev.batch.requests import BatchRequest, RequestBuilder, build_all
 from kev.batch.runner import BatchRunner
-from kev.server.bridge import EngineBridge
-from kev.server.metrics import ServerMetrics
+from kev.backend.bridge import EngineBridge
+from kev.backend.metrics import ServerMetrics
 
 TOPICS = ("the sea", "a cat", "mountains", "rain", "coffee", "trains", "the moon", "a garden", "music", "winter")
 
@@ -49,7 +49,7 @@ def requests_for(config: kev.KevConfig, count: int, max_tokens: int) -> list[Bat
 def direct(engine: kev.Engine, requests: list[BatchRequest]) -> tuple[float, dict[str, Any], int]:
     """Seconds, answers and completion tokens."""
     started = time.perf_counter()
-    ids = [engine.submit(r.queries, **r.options) for r in requests]
+    ids = [engine.submit(r.call.queries, **r.call.options) for r in requests]
     results = {r.custom_id: engine.wait(rid) for r, rid in zip(requests, ids)}
     seconds = time.perf_counter() - started
     for rid in ids:

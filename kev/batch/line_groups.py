@@ -23,7 +23,7 @@ Positioned = tuple[int, BatchRequest]  # (position in the batch, line)
 
 def prompt_text(request: BatchRequest) -> str:
     """The line's first prompt as text, for finding shared starts (chat: roles and contents in order)."""
-    query = request.queries[0] if request.queries else ""
+    query = request.call.queries[0] if request.call.queries else ""
     if isinstance(query, dict) and isinstance(query.get("messages"), list):
         return "".join(f"{m.get('role', '')}\n{m.get('content', '')}\n" for m in query["messages"])
     if isinstance(query, dict):
@@ -33,8 +33,9 @@ def prompt_text(request: BatchRequest) -> str:
 
 def _shape(request: BatchRequest) -> str:
     """What must be equal for lines to share one engine request."""
-    return json.dumps([request.kind, request.sampling.to_json(), request.options, request.n, request.keep,
-                       request.logprobs, request.echo is not None], sort_keys=True, default=str)
+    call = request.call
+    return json.dumps([call.shape.kind, call.sampling.to_json(), call.options, call.shape.n, call.keep,
+                       call.logprobs, call.echo is not None], sort_keys=True, default=str)
 
 
 def _common_chars(a: str, b: str) -> int:
@@ -62,7 +63,7 @@ def group_lines(requests: list[BatchRequest], min_chars: int = MIN_SHARED_CHARS)
 
 
 def merged_queries(group: list[Positioned]) -> list[Any]:
-    return [query for _, request in group for query in request.queries]
+    return [query for _, request in group for query in request.call.queries]
 
 
 def split_results(group: list[Positioned], results: list[Result]) -> list[list[Result]]:
@@ -70,7 +71,7 @@ def split_results(group: list[Positioned], results: list[Result]) -> list[list[R
     by_index = sorted(results, key=lambda r: r.index)
     out, offset = [], 0
     for _, request in group:
-        count = len(request.queries)
+        count = len(request.call.queries)
         out.append([dataclasses.replace(r, index=r.index - offset) for r in by_index[offset:offset + count]])
         offset += count
     return out

@@ -6,9 +6,9 @@ import time
 
 from kev.config import KevConfig
 from kev.errors import UnavailableError
-from kev.server.backend import build_backend
-from kev.server.bridge import EngineBridge
-from kev.server.metrics import ServerMetrics
+from kev.backend.factory import build_backend
+from kev.backend.bridge import EngineBridge
+from kev.backend.metrics import ServerMetrics
 
 CONNECT_TIMEOUT_S = 60.0
 

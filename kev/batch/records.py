@@ -2,18 +2,15 @@
 {"id", "custom_id", "response": {status_code, request_id, body}, "error"}."""
 from __future__ import annotations
 
-import dataclasses
-import time
 import secrets
 from typing import Any
 
 from kev.results.result import Result
 from kev.batch.input_file import LineError
 from kev.batch.requests import BatchRequest
-from kev.server.answer_errors import answer_error, first_failure
-from kev.server.errors import error_body
+from kev.wire.answer_errors import answer_error, first_failure
+from kev.wire.bodies.errors import error_body
 from kev.model.tokenizer import Tokenizer
-from kev.server.openai_format import Reply, best_of
 
 
 def answer_record(request: BatchRequest, request_id: str, results: list[Result], model: str,
@@ -21,17 +18,12 @@ def answer_record(request: BatchRequest, request_id: str, results: list[Result],
     """The line for a finished request: the route's response body, or the route's error (a refused prompt: 400)."""
     failed = first_failure(results)
     if failed is not None:  # the route's own rule: the caller's input a 400 naming the body field, else a 500
-        err = answer_error(failed, request.shape)
+        err = answer_error(failed, request.call.shape)
         return response_record(request.custom_id, err.status_code, err.body(), request_id)
-    prefix = "chatcmpl-" if request.kind == "chat" else "cmpl-"
-    echo = None if request.echo is None else tuple(
-        p if isinstance(p, str) else (tokenizer.decode(p, skip_special_tokens=False) if tokenizer else "")
-        for p in request.echo)
-    reply = Reply(request.kind, prefix + request_id, int(time.time()), model, request.n, request.logprobs, echo)
-    usage = reply.usage(results)  # every candidate's tokens count, as OpenAI bills best_of
-    if request.keep < request.n:
-        results, reply = best_of(results, request.n, request.keep), dataclasses.replace(reply, n=request.keep)
-    return response_record(request.custom_id, 200, reply.response(results, usage).model_dump(), request_id)
+    call = request.call
+    reply = call.reply(model, lambda ids: tokenizer.decode(ids, skip_special_tokens=False) if tokenizer else "",
+                       request_id)
+    return response_record(request.custom_id, 200, reply.answer(results, call.keep).model_dump(), request_id)
 
 
 def response_record(custom_id: str, status_code: int, body: dict[str, Any], request_id: str | None) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from kev.batch.line_groups import Positioned, group_lines, merged_queries, split
 from kev.batch.records import answer_record, response_record
 from kev.batch.requests import BatchRequest
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError
-from kev.server.bridge import EngineBridge
-from kev.server.errors import ApiError, error_body
+from kev.backend.bridge import EngineBridge
+from kev.wire.bodies.errors import ApiError, error_body
 
 log = logging.getLogger("kev.batch")
 Emit = Callable[[BatchRequest, dict[str, Any]], None]
@@ -70,7 +70,7 @@ class BatchRunner:
         """One record per line of the group (one engine request for them all), or None when stopped first."""
         queries = merged_queries(group)
         try:
-            request_id = await self._submit(queries, group[0][1].sampling, group[0][1].options, stop)
+            request_id = await self._submit(queries, group[0][1].call.sampling, group[0][1].call.options, stop)
         except InvalidRequestError as err:  # refused outright (e.g. an isolation level over the cap), as the route
             return [response_record(r.custom_id, 422, ApiError.from_message(422, str(err)).body(), None)
                     for _, r in group]

@@ -23,7 +23,7 @@ from kev.batch.records import is_failure
 from kev.batch.requests import BatchRequest, RequestBuilder, build_all
 from kev.batch.runner import BatchRunner
 from kev.batch.store import BatchStore, owner
-from kev.server.bridge import EngineBridge
+from kev.backend.bridge import EngineBridge
 
 if TYPE_CHECKING:
     from kev.server.service import KevService

@@ -1,7 +1,7 @@
 """EngineAPI: what a front end (the server bridge, `kev batch`, the distributed worker) may call on an engine.
 
 Engine (kev/engine/engine.py), the multi-device replica set (kev/engine/replicas.py) and the
-cluster's router (kev/distributed/router_backend.py) implement it; front ends depend on this Protocol only.
+cluster's router (kev/distributed/router_engine.py) implement it; front ends depend on this Protocol only.
 """
 from __future__ import annotations
 

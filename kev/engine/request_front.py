@@ -1,4 +1,4 @@
-"""The request plumbing shared by every engine behind EngineAPI (Engine, ReplicaEngine, DistributedBackend): one
+"""The request plumbing shared by every engine behind EngineAPI (Engine, ReplicaEngine, RouterEngine): one
 lookup, one way to wait for a request, read its results in aggregator order and stream its events.
 
 Each engine says how its results are ordered (_ordered), which Request holds its events (_view) and on which thread

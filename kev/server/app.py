@@ -1,6 +1,6 @@
 """build_app(config): the FastAPI application of `kev serve`.
 
-Behind it is a backend chosen by deploy.mode (kev/server/backend.py): one engine (single),
+Behind it is a backend chosen by deploy.mode (kev/backend/factory.py): one engine (single),
 one engine per device (multi_gpu), or the router's link to a cluster (distributed). It
 loads in a thread after the server starts listening, so /healthz answers at once and
 /readyz turns 200 when it is ready; routes that need it answer 503 until then. On shutdown
@@ -24,15 +24,16 @@ from kev.batch.store import BatchStore
 from kev.errors import EngineFailedError, KevError
 from kev.model.tokenizer import Tokenizer
 from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_responses, routes_tokenizer
-from kev.server.responses.store import ResponseStore
-from kev.server.backend import EngineFactory, build_backend
+from kev.wire.responses.store import ResponseStore
+from kev.backend.factory import EngineFactory, build_backend
 from kev.server.errors import install_handlers
-from kev.server.metrics import ServerMetrics
+from kev.backend.metrics import ServerMetrics
 from kev.server.middleware import GateMiddleware, HttpMetricsMiddleware
 from kev.server.oplog import report_stats
 from kev.server.playground import routes as playground
 from kev.server.schema_limits import Vocab, apply_limits, served_vocab
-from kev.server.service import KevService, served_model_name
+from kev.server.service import KevService
+from kev.wire.engine_call import served_model_name
 from kev.config.tenants import Tenants, open_server_notices
 
 log = logging.getLogger("kev.server")

@@ -14,8 +14,8 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kev.server.errors import error_body
-from kev.server.metrics import ServerMetrics
+from kev.wire.bodies.errors import error_body
+from kev.backend.metrics import ServerMetrics
 from kev.server.playground import PAGE_PATHS
 from kev.config.tenants import Tenants
 from kev.server.upload_gate import stream_upload

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kev.engine.describe import banner
 from kev.engine.stats import EngineLoad
-from kev.server.bridge import EngineBridge
+from kev.backend.bridge import EngineBridge
 
 access_log = logging.getLogger("kev.access")
 stats_log = logging.getLogger("kev.stats")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from kev.server.errors import ApiError
+from kev.wire.bodies.errors import ApiError
 
 
 def one_value_each(request: Request) -> None:

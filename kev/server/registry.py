@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kev.server.watch import Watch
+from kev.backend.watch import Watch
 
 
 @dataclass

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from kev.results.result import Result
-from kev.server.api_models import QuestionObject, SubmitBody
-from kev.server.errors import ApiError
+from kev.wire.bodies.api_models import QuestionObject, SubmitBody
+from kev.wire.bodies.errors import ApiError
 
 _QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
 

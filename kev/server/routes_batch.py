@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from kev.batch.input_file import URLS
 from kev.batch.server_batches import BatchManager, public
 from kev.batch.store import QuotaError, public_file, safe_filename
-from kev.server.errors import ApiError, error_responses
+from kev.wire.bodies.errors import ApiError
+from kev.server.errors import error_responses
 from kev.server.query_params import one_value_each
 from kev.config.tenants import Caller, caller_of
 

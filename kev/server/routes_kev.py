@@ -7,7 +7,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from kev.server.api_models import Accepted, QueryBody, QueryResponse, RequestStatus, SubmitBody
+from kev.wire.bodies.api_models import Accepted, QueryBody, QueryResponse, RequestStatus, SubmitBody
 from kev.server.errors import error_responses
 from kev.server.registry import Tracked
 from kev.server.request_constraint import request_constraint_error

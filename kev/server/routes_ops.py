@@ -14,8 +14,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kev.server.api_models import ChannelModel, ChannelsResponse, Health, StatsResponse, StepModel
-from kev.server.errors import ApiError, error_responses
+from kev.wire.bodies.api_models import ChannelModel, ChannelsResponse, Health, StatsResponse, StepModel
+from kev.wire.bodies.errors import ApiError
+from kev.server.errors import error_responses
 from kev.server.query_params import one_value_each
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService

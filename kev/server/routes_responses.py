@@ -13,21 +13,21 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from kev.results.result import Result
-from kev.server.answer_errors import BodyShape, answer_error
-from kev.server.errors import ApiError, error_responses, field_path
-from kev.server.openai_format import Reply
-from kev.server.openai_models import ChatCompletionBody
+from kev.wire.answer_errors import BodyShape, answer_error, refuse_failed
+from kev.wire.engine_call import chat_call
+from kev.wire.bodies.errors import ApiError, field_path
+from kev.server.errors import error_responses
+from kev.wire.openai_format import Reply
+from kev.wire.bodies.openai_models import ChatCompletionBody
 from kev.server.registry import Tracked
-from kev.server.responses.body import ResponsesBody
-from kev.server.responses.objects import (EventStream, new_id, output_items, response_object, status_of,
+from kev.wire.responses.body import ResponsesBody
+from kev.wire.responses.objects import (EventStream, new_id, output_items, response_object, status_of,
                                           usage_of)
-from kev.server.responses.store import ResponseStore, Stored
+from kev.wire.responses.store import ResponseStore, Stored
 from kev.server.routes_kev import get_service
-from kev.server.routes_openai import _check_common, _refuse_bad_prompts, _tool_field
 from kev.server.service import KevService
 from kev.server.sse import SSE_HEADERS, SSE_RESPONSE, sse
 from kev.config.tenants import caller_of
-from kev.server.tools.request import plan_tools
 
 router = APIRouter(tags=["openai"])
 
@@ -56,25 +56,14 @@ async def create_response(body: ResponsesBody, request: Request, service: KevSer
         problem = err.errors()[0]
         where = field_path(("body", *problem["loc"]))
         raise ApiError(400, f"{where} (of the chat body this request means): {problem['msg']}", where) from None
-    _check_common(service, chat.model, 1, chat.max_tokens, chat.timeout_ms)
-    chat.check_supported()
-    service.limits.check_chars(sum(len(m.text) for m in chat.messages), "input")
-    sampling = chat.engine_sampling(chat.max_tokens, chat.logprob_options())
-    query: dict[str, Any] = {"messages": [m.to_engine() for m in chat.messages]}
-    tools = None
-    if chat.uses_tools:
-        plan = plan_tools(chat, service.tokenizer(), service.config.server.tool_call_parser,
-                          service.config.isolation.system_prompt)
-        query, tools = {"prompt": plan.prompt}, plan.reply
-        if plan.structure is not None:
-            sampling = dataclasses.replace(sampling, structured_outputs=plan.structure)
+    call = chat_call(chat, service.served(), chars_field="input")
     created = int(time.time())
-    reply = Reply("chat", new_id("resp"), created, service.model_name, 1, tools=tools)
-    tracked = await service.submit([chat.seeded(query, 0)], sampling, chat.request_options(), "responses",
-                                   listen=body.stream, tenant=tenant)
-    shape = BodyShape("chat", 1, False, chat.structure()[0] or _tool_field(tools))
+    reply = dataclasses.replace(call.reply(service.model_name, service.decode), id=new_id("resp"), created=created)
+    tracked = await service.submit(call.queries, call.sampling, call.options, "responses", listen=body.stream,
+                                   tenant=tenant)
+    shape = call.shape
     try:
-        _refuse_bad_prompts(await service.results(tracked.request_id), shape)
+        refuse_failed(await service.results(tracked.request_id), shape)
     except ApiError:
         service.release(tracked.request_id)
         raise
@@ -88,8 +77,8 @@ async def create_response(body: ResponsesBody, request: Request, service: KevSer
         results = await service.results(tracked.request_id)
     finally:
         service.release(tracked.request_id)
-    _refuse_bad_prompts(results, shape)
-    answer = reply.response(results).model_dump()
+    refuse_failed(results, shape)
+    answer = reply.answer(results, call.keep).model_dump()
     choice = answer["choices"][0]
     status, incomplete = status_of(choice["finish_reason"])
     response = response_object(reply.id, body, created, service.model_name, output_items(choice["message"]), status,

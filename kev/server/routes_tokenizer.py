@@ -7,8 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from kev.server.api_models import ChatMessage, Text, _Body
-from kev.server.errors import ApiError, error_responses
+from kev.wire.bodies.api_models import ChatMessage, Text, _Body
+from kev.wire.bodies.errors import ApiError
+from kev.server.errors import error_responses
 from kev.server.routes_kev import get_service
 from kev.server.service import KevService
 

@@ -16,9 +16,9 @@ from kev.config.schema import ISOLATION_ORDER
 from kev.model.model_config import ModelConfig
 from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
-from kev.server.api_models import MAX_SEED, MIN_TEMPERATURE
-from kev.server.limits import Limits
-from kev.server.openai_models import UNSUPPORTED
+from kev.wire.bodies.api_models import MAX_SEED, MIN_TEMPERATURE
+from kev.wire.limits import Limits
+from kev.wire.bodies.openai_models import UNSUPPORTED
 
 _TEXT_FIELDS = ("text", "prompt", "system", "content")
 

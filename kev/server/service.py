@@ -1,14 +1,14 @@
 """KevService: what every route shares: the backend (once loaded), limits, registry, metrics.
 
 Routes stay thin: they validate, call submit() / wait() / results() / release(), and format.
-The backend is an EngineBridge over the engine of deploy.mode (an Engine, replicas or a cluster); see backend.py.
+The backend is an EngineBridge over the engine of deploy.mode (an Engine, replicas or a cluster); see
+kev/backend/factory.py.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
@@ -18,10 +18,11 @@ from kev.config import KevConfig
 from kev.engine.sampling_params import SamplingParams
 from kev.errors import InvalidRequestError, RejectedError, UnavailableError, UnknownRequestError
 from kev.model.tokenizer import Tokenizer
-from kev.server.bridge import EngineBridge
-from kev.server.errors import ApiError
-from kev.server.limits import Limits
-from kev.server.metrics import ServerMetrics
+from kev.backend.bridge import EngineBridge
+from kev.wire.bodies.errors import ApiError
+from kev.wire.engine_call import Served, ToolSetup, served_model_name
+from kev.wire.limits import Limits
+from kev.backend.metrics import ServerMetrics
 from kev.server.oplog import log_access, log_banner
 from kev.server.registry import RequestRegistry, Tracked
 from kev.config.tenants import Tenants
@@ -113,7 +114,7 @@ class KevService:
             raise ApiError(429, f"server busy: {self.registry.inflight_of(tenant)} of this tenant's requests in "
                                 f"flight ({self.registry.num_inflight} in all); the limit is {full}", None,
                            headers=self.retry_after)
-        sampling = sampling.with_max_tokens(self.limits.default_max_tokens)  # the server's, within its cap
+        sampling = self.limits.with_default_max_tokens(sampling)
         options = {**options, "tenant": tenant}
         started = time.monotonic()
         try:
@@ -158,6 +159,15 @@ class KevService:
         """The served model's tokenizer (503 while loading)."""
         return self.ready_backend().tokenizer
 
+    def decode(self, token_ids: list[int]) -> str:
+        """Token ids as the text they stand for, special tokens included (an echoed prompt)."""
+        return self.tokenizer().decode(token_ids, skip_special_tokens=False)
+
+    def served(self) -> Served:
+        """What an OpenAI body is checked against and how its tools are rendered (kev/wire/engine_call.py)."""
+        tools = ToolSetup(self.tokenizer, self.config.server.tool_call_parser, self.config.isolation.system_prompt)
+        return Served(self.model_name, self.limits, tools)
+
     async def results(self, request_id: str) -> list[Result]:
         return await self.loaded_backend().results(request_id)
 
@@ -201,7 +211,3 @@ async def _disconnected(http: HttpRequest) -> None:
     while (await http.receive())["type"] != "http.disconnect":
         pass
 
-
-def served_model_name(config: KevConfig) -> str:
-    """The id /v1/models shows and callers send: server.model_name, else the name of core.model_path."""
-    return config.server.model_name or Path(config.core.model_path).name.removesuffix(".gguf")

@@ -21,7 +21,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from kev.config.server_config import ServerConfig
 from kev.server.connection_book import ConnectionBook
-from kev.server.errors import error_body
+from kev.wire.bodies.errors import error_body
 
 REFUSAL_S = 1.0  # a refused connection gets its 503 when it sends its request, or after this long
 

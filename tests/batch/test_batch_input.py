@@ -35,10 +35,10 @@ def test_the_three_input_forms_read_as_requests() -> None:
         (5, "5", "/v1/chat/completions")]
     requests, invalid = build_all(read, RequestBuilder.from_config(CONFIG))
     assert invalid == []
-    assert requests[0].queries == [{"messages": [{"role": "user", "content": "Hi"}]}]
-    assert requests[0].sampling == SamplingParams(max_tokens=3, temperature=0) and requests[0].options == {}
-    assert [q["prompt"] for q in requests[1].queries] == ["x", "x", "y", "y"] and requests[1].n == 2
-    assert requests[2].sampling.max_tokens == 5
+    assert requests[0].call.queries == [{"messages": [{"role": "user", "content": "Hi"}]}]
+    assert requests[0].call.sampling == SamplingParams(max_tokens=3, temperature=0) and requests[0].call.options == {}
+    assert [q["prompt"] for q in requests[1].call.queries] == ["x", "x", "y", "y"] and requests[1].call.shape.n == 2
+    assert requests[2].call.sampling.max_tokens == 5
     txt, errors = read_lines(["What is 2+2?", "", "Name a fruit.\r"], "txt")
     assert errors == [] and [(r.custom_id, r.body["messages"][0]["content"]) for r in txt] == [
         ("1", "What is 2+2?"), ("3", "Name a fruit.")]
@@ -121,8 +121,8 @@ def test_route_options_carry_over_and_unsupported_ones_are_named() -> None:
              openai_line("c", messages=[{"role": "user", "content": "Hi"}],
                          tools=[{"type": "function", "function": {"name": "f"}}])]
     requests, invalid = build_all(read_lines(lines, "jsonl")[0], RequestBuilder.from_config(CONFIG))
-    chat, completion = requests
-    assert (chat.n, chat.keep, chat.logprobs, len(chat.queries)) == (3, 2, True, 3)
+    chat, completion = (request.call for request in requests)
+    assert (chat.shape.n, chat.keep, chat.logprobs, len(chat.queries)) == (3, 2, True, 3)
     assert chat.sampling.logprobs == 2 and [q["seed"] for q in chat.queries] == [1, 2, 3]
     assert completion.queries == [{"prompt_ids": [1, 2, 3]}] and completion.echo == ([1, 2, 3],)
     assert [str(e) for e in invalid] == ["line 3: body.tools: tool calling is not supported in a batch line "

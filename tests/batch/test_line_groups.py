@@ -12,8 +12,8 @@ from kev.batch.line_groups import group_lines
 from kev.batch.requests import RequestBuilder
 from kev.batch.runner import BatchRunner
 from kev.bench.documents import make_document
-from kev.server.bridge import EngineBridge
-from kev.server.metrics import ServerMetrics
+from kev.backend.bridge import EngineBridge
+from kev.backend.metrics import ServerMetrics
 
 MODEL = "smollm2-135m-instruct"
 

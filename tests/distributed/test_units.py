@@ -21,9 +21,9 @@ from kev.distributed.worker_job import Job
 from kev.engine.request import EventListener, StreamEvent
 from kev.engine.stats import EngineLoad
 from kev.router.features import QuestionFeatures
-from kev.server.bridge import EngineBridge
-from kev.server.metrics import ServerMetrics
-from kev.server.watch import Watch
+from kev.backend.bridge import EngineBridge
+from kev.backend.metrics import ServerMetrics
+from kev.backend.watch import Watch
 
 
 def item(**changes: object) -> WorkItem:

@@ -157,7 +157,7 @@ def test_a_full_step_proposes_no_draft(make_engine, plain):
 
 def test_metrics_carry_vllms_spec_decode_names():
     from kev.engine.stats import EngineLoad
-    from kev.server.metrics import ServerMetrics
+    from kev.backend.metrics import ServerMetrics
 
     metrics = ServerMetrics("kev")
     metrics.refresh([], [], 0, {}, EngineLoad(spec_drafts=3, spec_draft_tokens=10, spec_accepted_tokens=4))
@@ -170,8 +170,8 @@ def test_metrics_carry_vllms_spec_decode_names():
 
 
 def test_openai_and_kev_bodies_pass_their_speculative_field():
-    from kev.server.api_models import SubmitBody
-    from kev.server.openai_models import ChatCompletionBody
+    from kev.wire.bodies.api_models import SubmitBody
+    from kev.wire.bodies.openai_models import ChatCompletionBody
 
     body = ChatCompletionBody.model_validate({"model": "kev", "messages": [{"role": "user", "content": "Hi"}],
                                               "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})

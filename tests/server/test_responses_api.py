@@ -12,7 +12,7 @@ import pydantic
 import pytest
 from openai_schema import conforms
 
-from kev.server.responses.store import ResponseStore, Stored
+from kev.wire.responses.store import ResponseStore, Stored
 
 pytestmark = pytest.mark.service
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city", "parameters": {

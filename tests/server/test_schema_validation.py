@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 import kev
-from kev.server.api_models import QueryBody
+from kev.wire.bodies.api_models import QueryBody
 from kev.server.app import build_app
-from kev.server.openai_models import ChatCompletionBody, CompletionBody
+from kev.wire.bodies.openai_models import ChatCompletionBody, CompletionBody
 from kev.server.routes_tokenizer import DetokenizeBody
 from kev.server.schema_limits import decimal_at_most
 

@@ -13,14 +13,14 @@ from pydantic import ValidationError
 import kev
 from kev.results.result import Result
 from kev.engine.stats import EngineLoad, StepRecord
-from kev.server.api_models import QueryBody
-from kev.server.errors import ApiError, field_path, validation_error
-from kev.server.limits import Limits
-from kev.server.metrics import ServerMetrics
-from kev.server.openai_format import Reply, finish_reason
+from kev.wire.bodies.api_models import QueryBody
+from kev.wire.bodies.errors import ApiError, field_path, validation_error
+from kev.wire.limits import Limits
+from kev.backend.metrics import ServerMetrics
+from kev.wire.openai_format import Reply, finish_reason
 from kev.server.registry import RequestRegistry, Tracked
 from kev.server.sse import sse
-from kev.server.watch import Watch
+from kev.backend.watch import Watch
 
 
 def error_for(body: dict) -> ApiError:
@@ -210,7 +210,7 @@ def test_engine_refusals_map_to_http(error: Exception, status: int, field: str |
     import asyncio
 
     from kev.engine.sampling_params import SamplingParams
-    from kev.server.bridge import EngineBridge
+    from kev.backend.bridge import EngineBridge
     from kev.server.service import KevService
 
     service = KevService(kev.load_config({}), ServerMetrics())

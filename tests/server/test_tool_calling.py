@@ -263,8 +263,8 @@ def test_tiny_qwen_renders_tools_through_its_template_and_forces_valid_calls(qwe
 def test_tiny_qwen_history_prompt_counts_the_template_render(qwen: ServerProcess, tmp_path: Path) -> None:
     """The prompt the model read is the template's render of the tools and the history (token count matches)."""
     from kev.model.tokenizer import Tokenizer
-    from kev.server.tools.prompt import render
-    from kev.server.tools.schema import ToolCallIn, ToolDef
+    from kev.wire.tools.prompt import render
+    from kev.wire.bodies.tool_schema import ToolCallIn, ToolDef
 
     history: list[Any] = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'}}]},

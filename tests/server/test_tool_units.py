@@ -10,11 +10,11 @@ from tiny_qwen import QWEN_STYLE_TEMPLATE
 
 from kev.model.model_store import resolve_model_path
 from kev.model.tokenizer import Tokenizer
-from kev.server.tools.forced import required_schema
-from kev.server.tools.parsers import parse, parse_required
-from kev.server.tools.prompt import prompt_kind, render
-from kev.server.tools.reply import ToolReply
-from kev.server.tools.schema import ToolCallIn, ToolDef
+from kev.wire.tools.forced import required_schema
+from kev.wire.tools.parsers import parse, parse_required
+from kev.wire.tools.prompt import prompt_kind, render
+from kev.wire.tools.reply import ToolReply
+from kev.wire.bodies.tool_schema import ToolCallIn, ToolDef
 
 NAMES = {"get_weather", "get_time"}
 WEATHER = ToolDef.model_validate({"type": "function", "function": {

@@ -6,7 +6,7 @@ from importlib.resources import files
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from kev.server.errors import ApiError
+from kev.wire.bodies.errors import ApiError
 from kev.server.playground import ASSETS
 
 router = APIRouter(include_in_schema=False)

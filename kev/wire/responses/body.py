@@ -5,8 +5,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kev.server.api_models import MAX_SEED, Temperature, Text
-from kev.server.errors import ApiError
+from kev.wire.bodies.api_models import MAX_SEED, Temperature, Text
+from kev.wire.bodies.errors import ApiError
 
 
 class _Body(BaseModel):

@@ -18,8 +18,8 @@ from typing import Any
 
 import llguidance
 
-from kev.server.errors import ApiError
-from kev.server.tools.schema import NamedToolChoice, ToolDef
+from kev.wire.bodies.errors import ApiError
+from kev.wire.bodies.tool_schema import NamedToolChoice, ToolDef
 
 # llguidance's work limits for checking one tool's schema (the engine compiles the whole grammar again, timed).
 _CHECK_LIMITS: dict[str, Any] = {"initial_lexer_fuel": 2_000_000, "max_grammar_size": 500_000}

@@ -1,7 +1,7 @@
 """EngineBridge: the server's backend: an engine (EngineAPI), seen from the event loop.
 
 The engine is an Engine (single mode), a ReplicaEngine (multi_gpu) or a cluster's router
-(DistributedBackend, distributed mode); the routes cannot tell them apart, which is why a
+(RouterEngine, distributed mode); the routes cannot tell them apart, which is why a
 client cannot either.
 
 Blocking engine calls run in a thread pool. The bridge subscribes once to the engine's event
@@ -26,8 +26,8 @@ from kev.engine.events import EventRouter
 from kev.engine.request import StreamEvent
 from kev.engine.stats import EngineLoad
 from kev.model.tokenizer import Tokenizer
-from kev.server.metrics import ServerMetrics
-from kev.server.watch import Watch
+from kev.backend.metrics import ServerMetrics
+from kev.backend.watch import Watch
 
 log = logging.getLogger("kev.server")
 T = TypeVar("T")

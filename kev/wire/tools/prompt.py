@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kev.model.tokenizer import Tokenizer
-from kev.server.tools.schema import ToolCallIn, ToolDef
+from kev.wire.bodies.tool_schema import ToolCallIn, ToolDef
 
 log = logging.getLogger("kev.server")
 PromptKind = Literal["chat_template", "kev_generic"]

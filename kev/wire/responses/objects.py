@@ -6,7 +6,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from kev.server.responses.body import ResponsesBody
+from kev.wire.responses.body import ResponsesBody
 
 
 def new_id(prefix: str) -> str:

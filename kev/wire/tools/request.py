@@ -8,12 +8,12 @@ from typing import Any
 import jinja2
 
 from kev.model.tokenizer import Tokenizer
-from kev.server.errors import ApiError
-from kev.server.openai_models import ChatCompletionBody
-from kev.server.tools.forced import named_schema, named_tool, required_schema
-from kev.server.tools.prompt import Parser, render
-from kev.server.tools.reply import Mode, ToolReply
-from kev.server.tools.schema import NamedToolChoice
+from kev.wire.bodies.errors import ApiError
+from kev.wire.bodies.openai_models import ChatCompletionBody
+from kev.wire.tools.forced import named_schema, named_tool, required_schema
+from kev.wire.tools.prompt import Parser, render
+from kev.wire.tools.reply import Mode, ToolReply
+from kev.wire.bodies.tool_schema import NamedToolChoice
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 
 from kev.results.result import Result
-from kev.server.errors import ApiError
-from kev.server.openai_format import Kind
+from kev.wire.bodies.errors import ApiError
+from kev.wire.openai_format import Kind
 
 _QUESTION_PREFIX = re.compile(r"^queries\[\d+\][^:]*: ")
 _TOKEN_INDEX = re.compile(r"^queries\[\d+\]\.prompt_ids\[(\d+)\]")
@@ -31,6 +31,14 @@ class BodyShape:
 
 def first_failure(results: list[Result]) -> Result | None:
     return next((r for r in results if r.status == "error"), None)
+
+
+def refuse_failed(results: list[Result], shape: BodyShape) -> None:
+    """A prompt the engine refused (longer than core.max_context, a token id outside the vocabulary, a schema
+    that does not compile or led nowhere) fails the whole call, as with OpenAI; the error names the body's field."""
+    failed = first_failure(results)
+    if failed is not None:
+        raise answer_error(failed, shape)
 
 
 def answer_error(failed: Result, shape: BodyShape) -> ApiError:

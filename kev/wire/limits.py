@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kev.config import KevConfig
-from kev.server.api_models import ChatMessage, QuestionObject, SubmitBody
-from kev.server.errors import ApiError
+from kev.engine.sampling_params import SamplingParams
+from kev.wire.bodies.api_models import ChatMessage, QuestionObject, SubmitBody
+from kev.wire.bodies.errors import ApiError
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,10 @@ class Limits:
         cap = min(server.max_tokens_cap or router.max_tokens_cap, router.max_tokens_cap)
         return cls(server.max_questions, server.max_question_chars, cap, server.max_timeout_ms,
                    min(router.default_max_tokens, cap))
+
+    def with_default_max_tokens(self, sampling: SamplingParams) -> SamplingParams:
+        """The one rule for a call that set no max_tokens: the server's default, within its cap."""
+        return sampling.with_max_tokens(self.default_max_tokens)
 
     def check_count(self, count: int, field: str) -> None:
         if count > self.max_questions:

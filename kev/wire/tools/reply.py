@@ -11,10 +11,10 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kev.server.openai_models import ChatChoice, ChatMessageOut
-from kev.server.tools.parsers import Parsed, ParsedCall, may_start_call, parse, parse_required
-from kev.server.tools.prompt import PromptKind
-from kev.server.tools.schema import ToolCallOut
+from kev.wire.bodies.openai_models import ChatChoice, ChatMessageOut
+from kev.wire.tools.parsers import Parsed, ParsedCall, may_start_call, parse, parse_required
+from kev.wire.tools.prompt import PromptKind
+from kev.wire.bodies.tool_schema import ToolCallOut
 
 Mode = Literal["none", "auto", "required", "named"]
 

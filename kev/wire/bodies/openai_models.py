@@ -11,10 +11,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kev.engine.sampling_params import SamplingParams
-from kev.server.api_models import (MAX_SEED, NonEmptyText, Speculative, Stop, StructuredOutputs, Temperature, Text,
+from kev.wire.bodies.api_models import (MAX_SEED, NonEmptyText, Speculative, Stop, StructuredOutputs, Temperature, Text,
                                    whole_numbers)
-from kev.server.errors import ApiError
-from kev.server.tools.schema import ToolCallIn, ToolCallOut, ToolChoice, ToolDef
+from kev.wire.bodies.errors import ApiError
+from kev.wire.bodies.tool_schema import ToolCallIn, ToolCallOut, ToolChoice, ToolDef
 
 MAX_LOGPROBS = 20
 TokenId = Annotated[int, Field(ge=0)]
@@ -212,7 +212,7 @@ class ChatCompletionBody(_Sampling):
 
     @property
     def uses_tools(self) -> bool:
-        """Tools offered, or a history holding tool calls or tool results: rendered by kev/server/tools."""
+        """Tools offered, or a history holding tool calls or tool results: rendered by kev/wire/tools."""
         return bool(self.tools) or self.tool_choice not in (None, "none") or any(
             m.tool_calls or m.role == "tool" for m in self.messages)
 

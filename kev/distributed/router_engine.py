@@ -1,4 +1,4 @@
-"""DistributedBackend: `kev serve` in deploy.mode distributed: the HTTP edge and router of a cluster.
+"""RouterEngine: `kev serve` in deploy.mode distributed: the HTTP edge and router of a cluster.
 
 It implements EngineAPI (kev/engine/api.py), so the server holds it as it holds an Engine (EngineBridge).
 Its NATS side runs on an event loop of its own, in a thread, where all of its state lives; the
@@ -50,7 +50,7 @@ T = TypeVar("T")
 GRACE_S = 2.0  # a worker's own timeout result gets this long to arrive before the aggregator's placeholder
 
 
-class DistributedBackend(RequestFront[OpenRequest]):
+class RouterEngine(RequestFront[OpenRequest]):
     failure: str | None = None  # the cluster's faults are retried, never final
 
     def __init__(self, config: KevConfig, registry: CollectorRegistry) -> None:

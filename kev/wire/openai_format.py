@@ -7,8 +7,9 @@ from typing import Any, Literal
 
 from kev.results.result import Result
 from kev.engine.request import StreamEvent
-from kev.server.openai_models import ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice, Usage
-from kev.server.tools.reply import ToolReply
+from kev.wire.bodies.openai_models import (ChatChoice, ChatCompletion, ChatMessageOut, Completion, CompletionChoice,
+                                           Usage)
+from kev.wire.tools.reply import ToolReply
 
 Kind = Literal["chat", "text"]
 
@@ -29,6 +30,18 @@ class Reply:
     @property
     def object(self) -> str:
         return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    def named(self, request_id: str) -> Reply:
+        """Stamped with the request's id as OpenAI spells it (chatcmpl-..., cmpl-...); "" leaves it unnamed."""
+        prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
+        return dataclasses.replace(self, id=prefix + request_id if request_id else "")
+
+    def answer(self, results: list[Result], keep: int) -> ChatCompletion | Completion:
+        """The response body, `keep` choices per prompt: the most likely of the n candidates (OpenAI's best_of)."""
+        usage = self.usage(results)  # every candidate's tokens count, as OpenAI bills best_of
+        if keep < self.n:
+            return dataclasses.replace(self, n=keep).response(best_of(results, self.n, keep), usage)
+        return self.response(results, usage)
 
     def response(self, results: list[Result], usage: Usage | None = None) -> ChatCompletion | Completion:
         fingerprint = results[0].numerics_fingerprint if results else None

@@ -27,7 +27,7 @@ from kev.results.result import Result
 from kev.engine.stats import EngineLoad, StepRecord
 from kev.errors import CONTEXT_OVERFLOW
 from kev.engine.kv.audit import ISOLATION_ALERTS, OTHER_ALERTS
-from kev.server.vllm_metrics import VllmMetrics
+from kev.backend.vllm_metrics import VllmMetrics
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)

@@ -1,7 +1,7 @@
 """build_backend: the engine behind the HTTP edge, chosen by deploy.mode, seen through EngineBridge.
 
 single: one Engine; multi_gpu: one engine replica per device (ReplicaEngine); distributed: the
-router's link to workers and an aggregator over NATS JetStream (DistributedBackend). Each
+router's link to workers and an aggregator over NATS JetStream (RouterEngine). Each
 implements EngineAPI (kev/engine/api.py), which is all the server calls.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from kev.config import KevConfig
 from kev.engine.api import EngineAPI
-from kev.server.bridge import EngineBridge
-from kev.server.metrics import ServerMetrics
+from kev.backend.bridge import EngineBridge
+from kev.backend.metrics import ServerMetrics
 
 EngineFactory = Callable[[KevConfig], EngineAPI]  # config -> an Engine (or anything with its API)
 
@@ -22,9 +22,9 @@ def build_backend(config: KevConfig, metrics: ServerMetrics, engine_factory: Eng
     engine_factory replaces the engine of single mode (tests)."""
     max_threads = config.server.max_inflight_requests + 16
     if config.deploy.mode == "distributed":
-        from kev.distributed.router_backend import DistributedBackend
+        from kev.distributed.router_engine import RouterEngine
 
-        router = DistributedBackend(config, metrics.registry)
+        router = RouterEngine(config, metrics.registry)
         return EngineBridge(router, metrics, max_threads, readiness=router.link)
     if config.deploy.mode == "multi_gpu" and engine_factory is None:
         from kev.engine.replicas import ReplicaEngine
