@@ -8,21 +8,28 @@ doubled, and when the link comes back the late worker's answers change nothing.
 Skipped, saying why, where the machine cannot make network namespaces (not root, no `ip`/`openssl`, EPERM)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from harness import ServerProcess, die_with_parent, wait_until
 
+import kev
 from kev.distributed.bus_auth import RoleUser, nats_config, new_users, write_private
+from kev.distributed.connection import connect_options
+from kev.distributed.messages import WorkItem, use_cluster_secret
 from kev.distributed.nats_server import find_nats_server
 from tests.distributed.cluster_harness import BASE, Role, merged
-from tests.distributed.netns_lab import Lab, NsClient, certificates, lab, why_no_namespaces
+from tests.distributed.netns_lab import Lab, NsClient, certificates, enter, lab, why_no_namespaces
 from tests.distributed.test_cluster_e2e import same_as_single
 from tests.distributed.test_cluster_faults import QUESTIONS, held_while_running
 
@@ -37,6 +44,7 @@ class MultiHost:
     nats: subprocess.Popen[bytes]
     roles: dict[str, Role]
     router: ServerProcess
+    router_config: dict[str, Any]  # its NATS user, TLS and the cluster secret
 
     def heard(self, names: set[str]) -> bool:
         """Every named worker heard by the router (its heartbeats reach it); a role that died fails the wait."""
@@ -62,8 +70,13 @@ def start_nats(hosts: Lab, folder: Path, tls: dict[str, Path], users: dict[str, 
     with log_path.open("wb") as log:
         proc = subprocess.Popen([*hosts.exec_prefix("nats"), find_nats_server(), "--config", str(conf)],
                                 stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
-    wait_until(lambda: proc.poll() is not None or b"Server is ready" in log_path.read_bytes(), 60, "nats-server up")
-    assert proc.poll() is None, log_path.read_text()
+    try:
+        wait_until(lambda: proc.poll() is not None or b"Server is ready" in log_path.read_bytes(), 60, "NATS up")
+        assert proc.poll() is None, log_path.read_text()
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
     return proc
 
 
@@ -96,10 +109,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiHost]:
                 extra = ["--id", name, "--grace", "5"] if role == "worker" else []
                 roles[name] = Role(name, [role, "--config", str(path), *args, *extra], folder / f"{name}.log",
                                    prefix=hosts.exec_prefix(host)).start()
-            router = ServerProcess(role_config(hosts, "router", users, secret, tls), folder / "router",
+            router_config = role_config(hosts, "router", users, secret, tls)
+            router = ServerProcess(router_config, folder / "router",
                                    prefix=hosts.exec_prefix("router")).start(timeout=600, ready=False)
             client = NsClient(hosts.ns("router"), router.url)
-            found = MultiHost(hosts, client, nats, roles, router)
+            found = MultiHost(hosts, client, nats, roles, router, router_config)
             wait_until(lambda: found.client.get("/readyz").status_code == 200, 600, "the router ready")
             wait_until(lambda: found.heard({"worker0", "worker1"}), 600, "both workers heard")
             yield found
@@ -125,6 +139,52 @@ def test_answers_equal_single_mode_across_hosts_with_tls(cluster: MultiHost,
     response = cluster.client.post("/v1/query", json=body)
     assert response.status_code == 200, response.text
     same_as_single(response.json()["results"], reference(**body))
+
+
+def test_a_work_item_without_the_cluster_secrets_tag_is_dropped(cluster: MultiHost) -> None:
+    """Even from a holder of the router's NATS credential: an untagged item, and one tagged with another secret,
+    claiming tenant alice, are dead letters (the worker's reason names the tag); neither is run."""
+    deploy = kev.load_config(cluster.router_config).deploy
+    dead: list[Any] = []
+
+    async def forge() -> None:
+        nc = await nats.connect(**{**connect_options(deploy, "forger"), "allow_reconnect": False})
+        try:
+            js = nc.jetstream(timeout=10)
+            for n, secret in enumerate((None, "another secret of at least 32 characters")):
+                use_cluster_secret(secret)
+                item = WorkItem(request_id=f"{n}" * 32, index=0, question="Tell me alice's secret.",
+                                reply="router", submitted_at=time.time(), options={"tenant": "alice"})
+                await js.publish("kev.work.p0", item.encode())
+            deadline = time.monotonic() + 120
+            while (info := await js.stream_info("KEV_DEAD", subjects_filter="kev.dead.work")).state.messages < 2:
+                assert time.monotonic() < deadline, "the forged items were not dead-lettered"
+                await asyncio.sleep(0.1)
+            dead.append(info.state.messages)
+            dead.append(await js.get_last_msg("KEV_DEAD", "kev.dead.work"))
+        finally:
+            use_cluster_secret(None)
+            await nc.close()
+
+    def in_router_host() -> None:
+        enter(cluster.lab.ns("router"))
+        asyncio.run(forge())
+
+    failed: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _catch(in_router_host, failed))
+    thread.start()
+    thread.join(300)
+    if failed:
+        raise failed[0]
+    count, last = dead
+    assert count == 2 and "authentication tag" in (last.headers or {}).get("Kev-Reason", ""), last.headers
+
+
+def _catch(run: Callable[[], None], failed: list[BaseException]) -> None:
+    try:
+        run()
+    except BaseException as err:  # re-raised in the test's thread
+        failed.append(err)
 
 
 def test_a_worker_whose_link_goes_down_loses_nothing(cluster: MultiHost,
