@@ -121,8 +121,10 @@ def read_key(source: str | KeySource, where: str) -> str:
     if isinstance(source, str):
         key = source
     elif source.env is not None:
-        if not (key := os.environ.get(source.env, "")):
+        if source.env not in os.environ:
             raise KevError(f"{where}: environment variable {source.env} is not set")
+        if not (key := os.environ[source.env]).strip():  # set but empty: said so, as any empty key is
+            raise KevError(f"{where}: the key is empty (environment variable {source.env})")
     else:
         path = Path(source.file or "").expanduser()
         try:

@@ -59,7 +59,8 @@ def permissions(role: str, prefix: str) -> dict[str, dict[str, list[str]]]:
         return {"publish": {"allow": [f"{p}.result.>", f"{p}.delta.>", f"{p}.status.>", f"{p}.dead.>", "$JS.ACK.>",
                                       *js],
                             "deny": [take_results, *read_answers]},
-                "subscribe": {"allow": [f"{p}.cancel", "_INBOX.>"]}}
+                # the other workers' status: which partitions have no live worker (worker.py serves those first)
+                "subscribe": {"allow": [f"{p}.cancel", f"{p}.status.>", "_INBOX.>"]}}
     return {"publish": {"allow": [f"{p}.out.>", f"{p}.dead.>", f"$KV.{p}_answers.>", "$JS.ACK.>", *js],
                         "deny": [take_work]},
             "subscribe": {"allow": [f"{p}.delta.>", "_INBOX.>"]}}

@@ -18,7 +18,8 @@ QUOTA = 6_000
 def test_batch_outputs_count_in_the_tenants_quota(start_server, tmp_path_factory: pytest.TempPathFactory) -> None:
     folder = tmp_path_factory.mktemp("kev-sharing")
     server: ServerProcess = start_server({**CONFIG, "server": {"api_keys": {"a": "key-a", "b": "key-b"}},
-                                          "batch": {"dir": str(folder / "b"), "tenant_quota_bytes": QUOTA}})
+                                          "batch": {"dir": str(folder / "b"), "tenant_quota_bytes": QUOTA}},
+                                         api_key="key-default")  # the harness asks /readyz with it
     b = httpx.Client(base_url=server.url, headers={"Authorization": "Bearer key-b"}, timeout=300)
     a = httpx.Client(base_url=server.url, headers={"Authorization": "Bearer key-a"}, timeout=300)
     lines = [line for line in job_lines(24) if line["url"] == "/v1/chat/completions"]

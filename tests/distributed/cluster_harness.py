@@ -47,12 +47,14 @@ class Role:
     args: list[str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    prefix: list[str] = field(default_factory=list)  # runs the role under it (`ip netns exec NS`)
 
     def start(self) -> Role:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "-v", *self.args], cwd=REPO, env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent())
+            self.proc = subprocess.Popen([*self.prefix, sys.executable, "-m", "kev.cli.main", "-v", *self.args],
+                                         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=die_with_parent())
         return self
 
     @property

@@ -18,8 +18,8 @@ from kev.distributed.nats_server import NatsServer
 pytestmark = pytest.mark.service
 
 
-async def violations(url: str, user: str, password: str, subject: str) -> list[str]:
-    """Publish to subject as user; the permission errors the server sent back."""
+async def violations(url: str, user: str, password: str, subject: str, subscribe: bool = False) -> list[str]:
+    """Publish to subject (or subscribe to it) as user; the permission errors the server sent back."""
     seen: list[str] = []
 
     async def on_error(err: Exception) -> None:
@@ -27,7 +27,10 @@ async def violations(url: str, user: str, password: str, subject: str) -> list[s
 
     nc = await nats.connect(url, user=user, password=password, error_cb=on_error, allow_reconnect=False)
     try:
-        await nc.publish(subject, b"forged")
+        if subscribe:
+            await nc.subscribe(subject)
+        else:
+            await nc.publish(subject, b"forged")
         await nc.flush(5)
         for _ in range(50):  # the server's -ERR arrives after the flush's PONG at the latest
             if seen:
@@ -67,6 +70,10 @@ def test_no_credentials_is_refused_and_each_role_only_does_its_own(tmp_path: Pat
             assert take and "permissions violation" in take[0].lower(), "the aggregator cannot take work items"
             ok = await violations(server.url, "kev-router", users["router"].password, "kev.work.p0")
             assert ok == [], "the router's own subject"
+            heard = await violations(server.url, "kev-worker", users["worker"].password, "kev.status.*", True)
+            assert heard == [], "a worker hears the others' status (which partitions have no live worker)"
+            peek = await violations(server.url, "kev-worker", users["worker"].password, "kev.work.>", True)
+            assert peek and "permissions violation" in peek[0].lower(), "a worker cannot read work items as sent"
         asyncio.run(check())
     finally:
         server.stop()

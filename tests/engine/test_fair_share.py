@@ -6,6 +6,7 @@ from kev.config.sharing_config import SharingConfig
 from kev.engine.fair_share import FairShare
 from kev.engine.question import Question
 from kev.engine.sampling_params import SamplingParams
+from kev.router.features import QuestionFeatures
 
 
 def ask(tenant: str, arrival: int, work_class: str = "live", priority: int = 0) -> Question:
@@ -58,3 +59,34 @@ def test_the_batch_caps_and_the_queue_places() -> None:
     assert not fair.queue_room("b", held), "once a has asked, b's share is half of router.max_queue"
     capped = FairShare(SharingConfig(tenant_max_queue=2), max_parallel=8, max_queue=10)
     assert not capped.queue_room("b", held[:2]) and capped.queue_room("b", held[:1])
+
+
+def test_the_scheduler_starts_live_before_batch_and_caps_batch_lines() -> None:
+    """The same rules in the scheduler (kev/engine/scheduler.py): 4 slots, 8 channels, sharing's defaults."""
+    from tests.engine.test_scheduler_queues import make_scheduler
+
+    s = make_scheduler(strategy="round_robin", channel_pool_size=8, max_parallel_queries=4)
+
+    def add(tenant: str, index: int, work_class: str) -> Question:
+        q = Question(f"{tenant}-{index}", index, [1, 2, 3], SamplingParams(4), timeout_ms=10**9, tenant=tenant,
+                     work_class=work_class)
+        q.features = QuestionFeatures(3, 0)
+        assert s.add(q)
+        return q
+
+    lines = [add("b", i, "batch") for i in range(4)]
+    s.schedule()
+    assert sum(q in s.running for q in lines) == 3, "alone, batch lines leave sharing.batch_reserve (1) slot free"
+    live = add("a", 10, "live")
+    s.schedule()
+    assert live in s.running, "a live question starts at once in the slot batch lines left"
+    s.finish(next(q for q in lines if q in s.running), "stop")
+    s.schedule()
+    assert sum(q in s.running for q in lines) == 2, "with live work there, batch lines hold at most half the slots"
+    more = [add("a", 11 + i, "live") for i in range(3)]
+    s.schedule()
+    assert sum(q in s.running for q in more) == 1 and len(s.running) == 4, "2 batch lines, 2 live"
+    s.finish(live, "stop")
+    s.schedule()
+    assert sum(q in s.running for q in more) == 2 and sum(q in s.running for q in lines) == 2, \
+        "the freed slot goes to a waiting live question, not to the batch line that waited longer"

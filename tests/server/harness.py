@@ -42,6 +42,7 @@ class ServerProcess:
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
+    prefix: list[str] = field(default_factory=list)  # runs the server under it (`ip netns exec NS`)
 
     @property
     def url(self) -> str:
@@ -64,8 +65,8 @@ class ServerProcess:
         # Uploaded files and batches stay in the test's folder unless the test names a batch.dir.
         config = {**self.config, "batch": {"dir": str(self.workdir / "batches"), **self.config.get("batch", {})}}
         config_path.write_text(json.dumps({"kev": config}))  # JSON is YAML
-        args = [sys.executable, "-m", "kev.cli.main", "serve", "--config", str(config_path), "--port", "0",
-                *(["--api-key", self.api_key] if self.api_key else []), *self.extra_args]
+        args = [*self.prefix, sys.executable, "-m", "kev.cli.main", "serve", "--config", str(config_path),
+                "--port", "0", *(["--api-key", self.api_key] if self.api_key else []), *self.extra_args]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.pop("KEV_API_KEY", None)
         with self.log_path.open("wb") as log:

@@ -67,6 +67,8 @@ def test_keys_that_cannot_be_used_stop_the_start(server: dict[str, Any], message
     ({}, " ", "--api-key: the key is empty"),
     ({"api_keys": {"a": "  "}}, None, "server.api_keys.a: the key is empty"),
     ({"api_keys": {"a": {"env": "KEV_TEST_BLANK"}}}, None, "server.api_keys.a: the key is empty"),
+    ({"api_keys": {"a": {"env": "KEV_TEST_EMPTY"}}}, None, r"server.api_keys.a: the key is empty \(environment"),
+    ({"operator_key": ""}, None, "server.operator_key: the key is empty"),
     ({"api_keys": {"a": "kéy"}}, None, "tenant 'a' holds characters other than printable ASCII"),
     ({"operator_key": "op\u00e9x"}, None, "tenant 'operator' holds characters other than printable ASCII"),
     ({"auth": "keys"}, None, "server.auth: keys, but no key is configured"),
@@ -75,6 +77,7 @@ def test_keys_that_cannot_be_used_stop_the_start(server: dict[str, Any], message
 def test_empty_blank_and_non_ascii_keys_stop_the_start_naming_their_source(
         server: dict[str, Any], cli_key: str | None, message: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEV_TEST_BLANK", " \t")
+    monkeypatch.setenv("KEV_TEST_EMPTY", "")
     with pytest.raises(KevError, match=message):
         Tenants.from_config(ServerConfig(**server), cli_key)
 
@@ -91,6 +94,8 @@ def test_an_empty_key_variable_is_named_and_an_open_server_is_said_to_be_one() -
     wide = ServerConfig(host="0.0.0.0")
     lines = open_server_notices(Tenants.from_config(wide), wide, True)
     assert "(--no-auth)" in lines[0] and lines[1].startswith("WARNING: no API key and server.host '0.0.0.0'")
+    lines = open_server_notices(Tenants.from_config(wide), wide, False)  # auto, no key anywhere: open, said so
+    assert "say server.auth: none or --no-auth to mean it" in lines[0] and lines[1].startswith("WARNING: no API key")
     assert open_server_notices(Tenants({"a": "ka"}), wide, False) == [], "keys: nothing to warn about"
     assert len(open_server_notices(Tenants({}), ServerConfig(host="127.0.0.2"), False)) == 1, "loopback: no warning"
 
