@@ -149,6 +149,7 @@ class LlamaModel(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size, False)
         self.rope = self.make_rope()
         self.fused_layers: FusedLayers | None = None  # every layer in one C++ call (after prepack)
+        self.smoothing: str | None = None  # w8a8's SmoothQuant fold, by its tag (kev/model/smoothing.py), or None
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         """Layer `index`; other families override this (kev/model/families.py)."""
@@ -237,7 +238,8 @@ class LlamaModel(nn.Module):
                  for part in quant_parts(m.packed)]
         quants, kernels = sorted({p.type_name for p in parts}), sorted({p.kernel for p in parts})
         dtype = str(self.first_blocks()[0].qkv_proj.weight.dtype)
-        return f"{dtype}+{','.join(quants)}@{'+'.join(kernels)}" if quants else dtype
+        smoothed = f"~{self.smoothing}" if self.smoothing else ""  # folded weights: other bits than unsmoothed ones
+        return f"{dtype}+{','.join(quants)}@{'+'.join(kernels)}{smoothed}" if quants else dtype
 
     def kernel_identity(self) -> str:
         """What decides the bits of a linear row: the shapes, the weights' dtype (int8 or the compute dtype) and

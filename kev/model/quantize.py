@@ -68,13 +68,15 @@ def attach_scales(model: LlamaModel, scales: dict[str, torch.Tensor], device: to
             module.scale = scales[name].float().to(device)
 
 
-def cache_path(folder: Path, cache: Path) -> Path:
-    """Where a folder's int8 weights are kept: keyed by its weight files' names, sizes and times."""
+def cache_path(folder: Path, cache: Path, transform: str = "") -> Path:
+    """Where a folder's int8 weights are kept: keyed by its weight files' names, sizes and times, and by the transform
+    applied before quantizing (w8a8's smoothing tag, kev/model/smoothing.py; "" for none)."""
     digest = hashlib.sha256(str(folder.resolve()).encode())
     for file in sorted(folder.glob("*.safetensors")):
         st = file.stat()
         digest.update(f"{file.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return cache / "int8" / f"{folder.name}-{digest.hexdigest()[:12]}.safetensors"
+    name = f"{folder.name}-{digest.hexdigest()[:12]}" + (f"-{transform}" if transform else "")
+    return cache / "int8" / f"{name}.safetensors"
 
 
 def read_cached(path: Path) -> dict[str, torch.Tensor] | None:

@@ -18,6 +18,8 @@ from kev.model.gguf_weights import attach_gguf, finish_quant_biases
 from kev.model.linear import Linear
 from kev.model.quantize import (attach_scales, cache_path, quantize_state, read_cached, split_scales, to_w8a8,
                                 write_cache)
+from kev.model.smoothing import Smoothing, activation_maxima, default_smoothing, smooth_state
+from kev.model.tokenizer import Tokenizer
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -39,20 +41,35 @@ def load_model(folder: Path, precision: str, device: torch.device, max_positions
         if gguf is None:
             raise UnsupportedModelError(f"{folder}: core.precision gguf needs a .gguf model (this is a folder)")
         return _finish_gguf(model, gguf, device)
-    int8_file = cache_path(folder, cache_root()) if precision in ("int8", "w8a8") else None
+    smoothing = default_smoothing() if precision == "w8a8" else None
+    int8_file = (cache_path(folder, cache_root(), smoothing.tag if smoothing else "")
+                 if precision in ("int8", "w8a8") else None)
     state = read_cached(int8_file) if int8_file else None
     if state is None:
         state = _to_kev_names(_read_safetensors(folder), cfg)
         missing = set(model.state_dict()) - set(state)
         if missing:
             raise UnsupportedModelError(f"{folder}: the checkpoint lacks weights {sorted(missing)[:5]}")
+        if smoothing:
+            _smooth(state, folder, cfg, smoothing)
         if int8_file:
             state = quantize_state(state, model)
             write_cache(int8_file, state)
     model = _finish(model, state, precision, device)
     if precision == "w8a8":
         to_w8a8(model)
+        model.smoothing = smoothing.tag if smoothing else None
     return model
+
+
+def _smooth(state: dict[str, torch.Tensor], folder: Path, cfg: ModelConfig, smoothing: Smoothing) -> None:
+    """w8a8's SmoothQuant fold (kev/model/smoothing.py): maxima from one fp32 forward of the calibration text on a
+    model sharing `state`'s tensors, then the factors folded into `state`."""
+    ids = Tokenizer.from_folder(folder).encode(smoothing.text)
+    with torch.device("meta"):
+        calibration = model_class(cfg)(cfg, len(ids))
+    calibration = _finish(calibration, state, "fp32", torch.device("cpu"))
+    smooth_state(state, calibration, activation_maxima(calibration, ids), dict(smoothing.alphas))
 
 
 def _finish_gguf(model: LlamaModel, gguf: Path, device: torch.device) -> LlamaModel:

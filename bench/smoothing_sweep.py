@@ -1,0 +1,96 @@
+"""w8a8's SmoothQuant α by measurement: held-out perplexity (bench/int8_quality.py's `perplexities`, the texts under
+bench/data) of bf16, of w8a8 without smoothing and of w8a8 with Kev's load-time smoothing (kev/model/smoothing.py,
+calibrated on kev/model/calibration/smoothing.txt) at each α, on the default model. Each α is its own int8 cache
+file (the cache key names the smoothing), so set KEV_CACHE_DIR to a scratch folder to leave the shared cache alone.
+
+    KEV_CACHE_DIR=/tmp/kevcache-39 .venv/bin/python bench/smoothing_sweep.py [--alphas 0.4,0.5,0.6] [--model M]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from collections.abc import Callable
+
+import torch
+
+import kev
+import kev.model.smoothing as smoothing
+import kev.model.weights as weights
+from kev.model.linear import Linear
+from kev.model.llama import LlamaModel
+from kev.model.quant_weight import pack_w8a8
+
+sys.path.insert(0, str(Path(__file__).parent))
+from int8_quality import perplexities  # noqa: E402
+
+
+def perplexity(model: str, precision: str) -> dict:
+    config = kev.load_config({"core": {"model_path": model, "precision": precision, "max_context": 4096},
+                              "router": {"max_parallel_queries": 4, "channel_pool_size": 4}})
+    start = time.perf_counter()
+    with kev.Engine(config, background=False) as engine:
+        loaded = time.perf_counter() - start
+        return {"perplexity": perplexities(engine), "numerics": engine.runner.model.weight_numerics(),
+                "load_s": round(loaded, 1)}
+
+
+def w8a8_only(kinds: set[str]) -> Callable[[LlamaModel], None]:
+    """to_w8a8 for the linears named (qkv_proj, o_proj, gate_up_proj, down_proj) only; the others stay int8
+    weight-only: where int8 activations cost perplexity."""
+    def convert(model: LlamaModel) -> None:
+        for name, module in model.named_modules():
+            if isinstance(module, Linear) and module.scale is not None and name.rsplit(".", 1)[-1] in kinds:
+                module.packed = pack_w8a8(module.weight.data, module.scale, module.bias)
+                module.weight = torch.nn.Parameter(module.weight.data.new_empty(0), requires_grad=False)
+                module.scale = None
+    return convert
+
+
+def parse_alphas(entry: str) -> dict[str, float] | None:
+    """"0.5": every fold at 0.5; "qkv=0.5:down=0.75": those folds only; "none": unsmoothed."""
+    if entry == "none":
+        return None
+    if "=" not in entry:
+        return {fold: float(entry) for fold in smoothing.FOLDS}
+    return {fold: float(alpha) for fold, alpha in (part.split("=") for part in entry.split(":"))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--no-baselines", action="store_true", help="skip bf16 and unsmoothed w8a8")
+    parser.add_argument("--alphas", default="0.3,0.4,0.5,0.6,0.75",
+                        help="α for every fold in turn, or each entry fold=α:fold=α (none: unsmoothed)")
+    parser.add_argument("--w8a8-only", default="",
+                        help="diagnostic: int8 activations only for these linears (qkv_proj,o_proj,gate_up_proj,"
+                             "down_proj), the others int8 weight-only")
+    args = parser.parse_args()
+    if args.w8a8_only:
+        setattr(weights, "to_w8a8", w8a8_only(set(args.w8a8_only.split(","))))
+    print(json.dumps({"uptime": os.getloadavg(), "cache": os.environ.get("KEV_CACHE_DIR")}), flush=True)
+    rows = {}
+    if not args.no_baselines:
+        rows["bf16"] = perplexity(args.model, "bf16")
+        print(json.dumps({"bf16": rows["bf16"]}), flush=True)
+        smoothing.ALPHAS = None  # no smoothing: load_model skips it
+        rows["w8a8"] = perplexity(args.model, "w8a8")
+        print(json.dumps({"w8a8": rows["w8a8"]}), flush=True)
+    for entry in args.alphas.split(","):
+        smoothing.ALPHAS = parse_alphas(entry)
+        rows[f"w8a8 α {entry}"] = perplexity(args.model, "w8a8")
+        print(json.dumps({f"α {entry}": rows[f"w8a8 α {entry}"]}), flush=True)
+    if "bf16" in rows:
+        base = rows["bf16"]["perplexity"]["all"]["perplexity"]
+        for name, row in rows.items():
+            print(f"{name}: {row['perplexity']['all']['perplexity']} ({row['perplexity']['all']['perplexity'] / base:.4f}x"
+                  f" bf16) en {row['perplexity']['en']['perplexity']} zh {row['perplexity']['zh']['perplexity']}")
+    print(json.dumps({"uptime_after": os.getloadavg()}))
+
+
+if __name__ == "__main__":
+    main()
