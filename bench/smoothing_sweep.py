@@ -71,7 +71,7 @@ def main() -> None:
                              "down_proj), the others int8 weight-only")
     args = parser.parse_args()
     if args.w8a8_only:
-        setattr(weights, "to_w8a8", w8a8_only(set(args.w8a8_only.split(","))))
+        weights.to_w8a8 = w8a8_only(set(args.w8a8_only.split(",")))
     print(json.dumps({"uptime": os.getloadavg(), "cache": os.environ.get("KEV_CACHE_DIR")}), flush=True)
     rows = {}
     if not args.no_baselines:

@@ -76,18 +76,22 @@ def activation_maxima(model: LlamaModel, ids: list[int]) -> dict[str, torch.Tens
     handles = [module.register_forward_pre_hook(record(name)) for name, module in model.named_modules()
                if isinstance(module, Linear) and name.startswith("layers.")]
     try:
-        rows = torch.arange(len(ids))
-        span = ChannelSpan(0, 0, len(ids), len(ids), rows, None, True)
-        meta = StepMetadata(torch.tensor(ids), rows, [len(ids)], rows, rows, [span], rows[-1:], [1])
-        cfg = model.config
-        caches = [PagedKVLayer(len(ids), cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
-                  for _ in model.layers]
-        with torch.no_grad():
-            model.forward(meta, caches)
+        prompt_logits(model, ids)
     finally:
         for handle in handles:
             handle.remove()
     return stats
+
+
+def prompt_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+    """One causal forward of `ids` as one question's whole prompt in one step: the last row's logits [1, vocab]."""
+    rows = torch.arange(len(ids))
+    span = ChannelSpan(0, 0, len(ids), len(ids), rows, None, True)
+    meta = StepMetadata(torch.tensor(ids), rows, [len(ids)], rows, rows, [span], rows[-1:], [1])
+    cfg = model.config
+    caches = [PagedKVLayer(len(ids), cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device) for _ in model.layers]
+    with torch.no_grad():
+        return model.forward(meta, caches)
 
 
 def _factor(act: torch.Tensor, weight_max: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -1,0 +1,56 @@
+"""w8a8's SmoothQuant fold (kev/model/smoothing.py): exact in real arithmetic (an fp32 model gives the same logits
+before and after, to fp32 rounding), it flattens the activations it targets, and it names itself in the int8 cache
+key and the numerics fingerprint."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kev.model.families import model_class
+from kev.model.model_config import ModelConfig
+from kev.model.quantize import cache_path
+from kev.model.smoothing import FOLDS, activation_maxima, default_smoothing, prompt_logits, smooth_state
+from kev.model.weights import random_model
+
+# GQA (2 heads per kv head) and q/k/v biases: the v-into-o fold's grouping and v's bias are exercised.
+SHAPE = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                    head_dim=16, attention_bias=True)
+IDS = [(7 * i + 3) % 96 for i in range(40)]
+
+
+def outlier_model():
+    """Random weights with a few input channels ~30x the others after each norm (what real models show)."""
+    model = random_model(SHAPE, "fp32", torch.device("cpu"), max_positions=64, seed=1)
+    for name, param in model.named_parameters():
+        if name.endswith("layernorm.weight"):
+            param.data[[3, 17, 40]] = 30.0
+    return model
+
+
+def test_smoothing_keeps_the_logits_and_flattens_the_activations():
+    model = outlier_model()
+    before = prompt_logits(model, IDS)
+    stats = activation_maxima(model, IDS)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    smooth_state(state, model, stats, {fold: 0.5 for fold in FOLDS})
+    name = "layers.0.self_attn.qkv_proj.weight"
+    assert not torch.equal(state[name], model.state_dict()[name])
+    smoothed = model_class(SHAPE)(SHAPE, 64)
+    smoothed.load_state_dict(state, strict=True)
+    after = prompt_logits(smoothed, IDS)
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+    flat = activation_maxima(smoothed, IDS)
+    for name in ("layers.0.self_attn.qkv_proj", "layers.1.mlp.gate_up_proj"):
+        spread = lambda m: float(m.max() / m.median())  # noqa: E731
+        assert spread(flat[name]) < spread(stats[name]) / 2, name
+
+
+def test_the_cache_key_and_fingerprint_name_the_smoothing(tmp_path: Path):
+    smoothing = default_smoothing()
+    assert smoothing is not None
+    folder = tmp_path / "model"
+    folder.mkdir()
+    plain, smoothed = cache_path(folder, tmp_path), cache_path(folder, tmp_path, smoothing.tag)
+    assert plain != smoothed and smoothing.tag in smoothed.name
+    assert smoothing.tag.startswith("sq")
