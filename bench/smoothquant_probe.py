@@ -2,8 +2,8 @@
 maxima with transformers (fp32) on text that is not the held-out text (README.md and the bench questions), fold
 s = amax(X)^α / amax(W)^(1-α) into the weights as SmoothQuant does (RMSNorm weights ÷ s and q/k/v, gate/up columns
 · s; up rows ÷ s and down columns · s; v rows ÷ s and o columns · s, one s per kv-head channel), write the folder to
---out, then bench/int8_quality.py's perplexity of bf16 on the original and w8a8 on both folders. An experiment, not
-Kev's load path (the fold would belong in model/quantize.py at load).
+--out, then bench/int8_quality.py's perplexity of bf16 on the original and w8a8 on both folders. The experiment that
+led to Kev's load-time fold (kev/model/smoothing.py; bench/smoothing_sweep.py measures that one).
     .venv/bin/python bench/smoothquant_probe.py [--alpha 0.5] [--out /tmp/kev-smoothed]"""
 from __future__ import annotations
 
