@@ -73,7 +73,7 @@ def fractions(args: argparse.Namespace) -> None:
             dense = [torch.randn(n, k, generator=torch.Generator().manual_seed(i)) * 0.02 for i in range(6)]
             ws["w8a8"] = [pack_w8a8(*quantize_rows(d)) for d in dense]
             ws["bf16"] = [GemmWeight(d.bfloat16(), None, None) for d in dense]
-            best = {m: {name: min(t) for name, t in timings(ws, torch.randn(m, k).bfloat16(), 300 if m == 1 else 40
+            best = {m: {name: min(t) for name, t in timings(ws, torch.randn(m, k).bfloat16(), 300 if m == 1 else 100
                                                             ).items()} for m in rows}
             for name in ws:
                 cells = []
