@@ -100,8 +100,9 @@ def _factor(act: torch.Tensor, weight_max: torch.Tensor, alpha: float) -> torch.
 
 def smooth_state(state: dict[str, torch.Tensor], model: LlamaModel, stats: dict[str, torch.Tensor],
                  alphas: dict[str, float]) -> None:
-    """Folds the factors into `state` (fp32, Kev's names; replaced, not written in place: `model` may hold the same
-    tensors). `model`: the model `stats` were taken on, for its layer structure; alphas: {fold: α} (FOLDS)."""
+    """Folds the factors into `state` (fp32, Kev's names), in place: no second copy of the weights at load (the model
+    `stats` were taken on may hold the same tensors; it is only read for its layer structure after this).
+    alphas: {fold: α} (FOLDS)."""
     cfg = model.config
     dim, inter = cfg.head_dim, cfg.intermediate_size
     for i, layer in enumerate(model.layers):
@@ -113,15 +114,15 @@ def smooth_state(state: dict[str, torch.Tensor], model: LlamaModel, stats: dict[
                 continue
             weight = state[p + linear + ".weight"]
             s = _factor(stats[p + linear], weight.abs().amax(0), alphas[fold])
-            state[p + norm + ".weight"] = state[p + norm + ".weight"] / s
-            state[p + linear + ".weight"] = weight * s
+            state[p + norm + ".weight"].div_(s)
+            weight.mul_(s)
         if "o" in alphas:
             _fold_v_into_o(state, p, stats[p + "self_attn.o_proj"], cfg.num_heads, cfg.num_kv_heads, dim, alphas["o"])
         if "down" in alphas:  # down_proj's input is act(gate) · up: up's rows carry the division
             down = state[p + "mlp.down_proj.weight"]
             s = _factor(stats[p + "mlp.down_proj"], down.abs().amax(0), alphas["down"])
             _divide_rows(state, p + "mlp.gate_up_proj", inter, s)
-            state[p + "mlp.down_proj.weight"] = down * s
+            down.mul_(s)
 
 
 def _fold_v_into_o(state: dict[str, torch.Tensor], p: str, act: torch.Tensor, heads: int, kv_heads: int, dim: int,
@@ -133,7 +134,7 @@ def _fold_v_into_o(state: dict[str, torch.Tensor], p: str, act: torch.Tensor, he
     s = _factor(act.view(kv_heads, group, dim).amax(1), o_weight.abs().amax(0).view(kv_heads, group, dim).amax(1),
                 alpha).reshape(-1)
     _divide_rows(state, p + "self_attn.qkv_proj", (heads + kv_heads) * dim, s)
-    state[p + "self_attn.o_proj.weight"] = o_weight * s.view(kv_heads, 1, dim).expand(kv_heads, group, dim).reshape(-1)
+    o_weight.mul_(s.view(kv_heads, 1, dim).expand(kv_heads, group, dim).reshape(-1))
 
 
 def _divide_rows(state: dict[str, torch.Tensor], linear: str, start: int, s: torch.Tensor) -> None:
@@ -141,7 +142,5 @@ def _divide_rows(state: dict[str, torch.Tensor], linear: str, start: int, s: tor
     for suffix in (".weight", ".bias"):
         if linear + suffix not in state:
             continue
-        tensor = state[linear + suffix].clone()
-        part = tensor[start: start + s.numel()]
+        part = state[linear + suffix][start: start + s.numel()]
         part /= s.view(-1, *([1] * (part.dim() - 1)))
-        state[linear + suffix] = tensor
