@@ -43,7 +43,7 @@ def test_text_input_is_the_chat_answer_and_conforms(openai_client: openai.OpenAI
 
 def test_stream_events_conform_and_add_up_to_the_answer(openai_client: openai.OpenAI, model: str) -> None:
     kwargs: Any = dict(model=model, input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi!"}]}],
-                       max_output_tokens=10, temperature=0.8, seed=3)
+                       max_output_tokens=10, temperature=0.8, extra_body={"seed": 3})
     plain = openai_client.responses.create(**kwargs)
     events = list(openai_client.responses.create(**kwargs, stream=True))
     for event in events:
@@ -112,7 +112,7 @@ def test_openai_agents_default_model_runs_a_tool_taking_a_list_of_models(openai_
     client = openai.AsyncOpenAI(base_url=f"{openai_server.url}/v1", api_key="sk-kev-test", max_retries=0, timeout=120)
     agent = agents.Agent(name="shop", instructions="Order what the user asks for.", tools=[order],
                          model=agents.OpenAIResponsesModel(model=model, openai_client=client),
-                         model_settings=agents.ModelSettings(tool_choice="required", max_tokens=48, temperature=0))
+                         model_settings=agents.ModelSettings(tool_choice="required", max_tokens=160, temperature=0))
     result = asyncio.run(agents.Runner.run(agent, "Order two apples.", max_turns=4))
     assert seen and all(isinstance(item, Item) for item in seen[0])  # the nested models arrived validated
     outputs = [item for item in result.new_items if item.type == "tool_call_output_item"]
