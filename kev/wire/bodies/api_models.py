@@ -116,7 +116,7 @@ class Speculative(_Body):
     @model_validator(mode="after")
     def _one_name_each(self) -> Speculative:
         for pair in SPECULATIVE_ALIASES:
-            if all(getattr(self, name) is not None for name in pair):
+            if all(name in self.model_fields_set for name in pair):  # as the schema's `required`: null counts
                 raise ValueError(f"{pair[0]} and {pair[1]} name the same setting: set one")
         return self
 

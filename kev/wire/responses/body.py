@@ -42,10 +42,11 @@ class ResponsesBody(_Body):
     input: Text | list[dict[str, Any]] = Field(description="a text, or a list of input items (messages, "
                                                "function_call, function_call_output)")
     instructions: Text | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1, strict=False)  # JSON Schema integers include 8.0
     temperature: Temperature = None
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Kev's (as vLLM's): reproducible sampling")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, strict=False,
+                             description="Kev's (as vLLM's): reproducible sampling")
     text: TextOptions | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None

@@ -69,7 +69,8 @@ def response_object(response_id: str, body: ResponsesBody, created: int, model: 
         "tool_choice": choice if isinstance(choice, str) else choice.model_dump(),
         "tools": [{**t.model_dump(exclude_none=True), "parameters": t.parameters or {"type": "object"},
                    "strict": bool(t.strict)} for t in body.tools or []],
-        "truncation": "disabled", "usage": usage, "metadata": body.metadata or {}}
+        "truncation": "disabled", "metadata": body.metadata or {},
+        **({} if usage is None else {"usage": usage})}  # OpenAI's schema: usage is an object when present, never null
 
 
 @dataclass
