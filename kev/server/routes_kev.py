@@ -37,12 +37,9 @@ async def query(body: QueryBody, request: Request, service: KevService = Depends
     if body.stream:
         return StreamingResponse(_events(service, tracked), media_type="text/event-stream",
                                  headers={**SSE_HEADERS, "X-Request-Id": request_id})
-    try:
-        if not await service.wait(tracked, request):
-            return Response(status_code=499)  # the caller hung up; nobody reads this
-        results = await service.results(request_id)
-    finally:
-        service.release(request_id)
+    results = await service.answered(tracked, request)
+    if results is None:
+        return Response(status_code=499)  # the caller hung up; nobody reads this
     failed = request_constraint_error(body, results)
     if failed is not None:
         raise failed

@@ -72,12 +72,9 @@ async def _answer(service: KevService, request: Request, call: EngineCall, strea
     if stream:
         return StreamingResponse(_chunks(service, tracked, reply, call.shape, len(call.queries), include_usage),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-    try:
-        if not await service.wait(tracked, request):
-            return Response(status_code=499)
-        results = await service.results(tracked.request_id)
-    finally:
-        service.release(tracked.request_id)
+    results = await service.answered(tracked, request)
+    if results is None:
+        return Response(status_code=499)  # the caller hung up; nobody reads this
     refuse_failed(results, call.shape)  # a constraint that led nowhere is found only while answering
     return JSONResponse(reply.answer(results, call.keep).model_dump())
 

@@ -71,12 +71,9 @@ async def create_response(body: ResponsesBody, request: Request, service: KevSer
     if body.stream:
         return StreamingResponse(_events(service, store, tenant, tracked, reply, body, shape, conversation),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-    try:
-        if not await service.wait(tracked, request):
-            return Response(status_code=499)
-        results = await service.results(tracked.request_id)
-    finally:
-        service.release(tracked.request_id)
+    results = await service.answered(tracked, request)
+    if results is None:
+        return Response(status_code=499)  # the caller hung up; nobody reads this
     refuse_failed(results, shape)
     answer = reply.answer(results, call.keep).model_dump()
     choice = answer["choices"][0]

@@ -168,6 +168,15 @@ class KevService:
         tools = ToolSetup(self.tokenizer, self.config.server.tool_call_parser, self.config.isolation.system_prompt)
         return Served(self.model_name, self.limits, tools)
 
+    async def answered(self, tracked: Tracked, http: HttpRequest) -> list[Result] | None:
+        """Wait for every answer, then release the request: its results, or None when the caller hung up."""
+        try:
+            if not await self.wait(tracked, http):
+                return None
+            return await self.results(tracked.request_id)
+        finally:
+            self.release(tracked.request_id)
+
     async def results(self, request_id: str) -> list[Result]:
         return await self.loaded_backend().results(request_id)
 
