@@ -21,12 +21,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    """`kev serve` of this checkout on the default config, once /health says ready (up to 900 s)."""
+def start_server(port: int, folder: Path, args: tuple[str, ...] = (),
+                 env_drop: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """`kev serve` of this checkout (the default config unless args name one), once /health says ready (up to
+    900 s)."""
     log = (folder / "server.log").open("wb")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "serve", "--port", str(port)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    env = {key: value for key, value in {**os.environ, "PYTHONPATH": str(REPO)}.items() if key not in env_drop}
+    proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "serve", "--port", str(port), *args], cwd=REPO,
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from served import REPO, free_port, machine  # noqa: E402
+from served import REPO, free_port, machine, start_server  # noqa: E402
 
 KEYS = {"a": "bench-key-a", "b": "bench-key-b"}
 TOPICS = ["rivers", "bread", "trains", "owls", "glass", "tides", "maps", "bees", "salt", "clocks"]
@@ -33,23 +32,7 @@ def start(folder: Path, port: int) -> subprocess.Popen[bytes]:
     config = {"kev": {"server": {"api_keys": KEYS}, "router": {"default_timeout_ms": 600_000},
                       "batch": {"dir": str(folder / "batches")}}}
     (folder / "kev.yaml").write_text(json.dumps(config))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("KEV_API_KEY", None)
-    proc = subprocess.Popen([sys.executable, "-m", "kev.cli.main", "serve", "--config", str(folder / "kev.yaml"),
-                             "--port", str(port), "--no-access-log"], cwd=REPO, env=env,
-                            stdout=(folder / "server.log").open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"kev serve exited; see {folder / 'server.log'}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("kev serve was not ready within 900 s")
+    return start_server(port, folder, ("--config", str(folder / "kev.yaml"), "--no-access-log"), ("KEV_API_KEY",))
 
 
 def ttft(client: httpx.Client, i: int) -> float:
