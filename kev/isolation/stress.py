@@ -94,13 +94,15 @@ def run_stress(factory: EngineFactory, base: KevConfig, options: StressOptions) 
     reports = []
     with tempfile.TemporaryDirectory(prefix="kev-stress-") as tmp:
         for i, level in enumerate(levels):
-            until = time.monotonic() + (started + options.duration_s - time.monotonic()) / (len(levels) - i)
-            reports.append(stress_level(factory, base, level, options, rng, until, Path(tmp)))
+            budget_s = max(0.0, started + options.duration_s - time.monotonic()) / (len(levels) - i)
+            reports.append(stress_level(factory, base, level, options, rng, budget_s, Path(tmp)))
     return StressReport(seed, time.monotonic() - started, reports)
 
 
 def stress_level(factory: EngineFactory, base: KevConfig, level: str, options: StressOptions, rng: random.Random,
-                 until: float, tmp: Path) -> LevelReport:
+                 budget_s: float, tmp: Path) -> LevelReport:
+    """budget_s: the level's time, counted once its engine is up (building one on a loaded machine can take
+    longer than a short soak's whole share, which left no time for a single wave)."""
     config = config_for_level(base, level, options.system)
     overrides, audit_path = audit_target(config, tmp, level)
     try:
@@ -113,6 +115,7 @@ def stress_level(factory: EngineFactory, base: KevConfig, level: str, options: S
     declared = config.isolation.system_prompt if level == "loose" else None
     systems: list[str | None] = [None, options.system] if level == "strict" else [declared or options.system]
     with factory(config) as engine:
+        until = time.monotonic() + budget_s
         questions = make_questions(engine.tokenizer, options.num_questions, config.core.max_context, rng, systems)
         report.questions = len(questions)
         soak = Soak(engine, level, declared, options, rng, report)

@@ -41,8 +41,8 @@ def test_strict_mixes_equal_solo(engine):
 def test_an_injected_logit_difference_fails(engine, monkeypatch):
     real, calls = verify.run_mix, []
 
-    def perturbed(engine, items, rng, options):
-        results = real(engine, items, rng, options)
+    def perturbed(engine, items, rng, options, drafts=False):
+        results = real(engine, items, rng, options, drafts)
         calls.append(len(items))
         if len(calls) == len(QUESTIONS[:2]) + 2:  # the first mix, after the solo runs (2 questions + canary)
             target = next(r for r, item in zip(results, items) if item.text in QUESTIONS[:2])
@@ -61,8 +61,8 @@ def test_an_injected_logit_difference_fails(engine, monkeypatch):
 def test_an_injected_canary_leak_is_caught(engine, monkeypatch):
     real = verify.run_mix
 
-    def leaky(engine, items, rng, options):
-        results = real(engine, items, rng, options)
+    def leaky(engine, items, rng, options, drafts=False):
+        results = real(engine, items, rng, options, drafts)
         canary = next((i.text for i in items if i.text.startswith("Remember the code word")), None)
         if canary and len(items) > 1:
             victim = next(r for r, item in zip(results, items) if item.text != canary)
