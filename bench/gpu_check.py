@@ -37,7 +37,7 @@ def check(shape: str, precision: str, n: int, max_tokens: int, tokenizer_folder:
     questions = [{"prompt_ids": [rng.randrange(cfg.vocab_size) for _ in range(rng.choice([5, 40, 130, 600]))],
                   "max_tokens": max_tokens, "ignore_eos": True} for _ in range(n)]
     engine = engine_for(model, tokenizer, n, True, record=True)
-    rows_plan = engine.runner.plan.label
+    rows_plan = engine.runner.tiling.label
     engine.generate(questions[:2], timeout=600)
     solo, serial_s = [], 0.0
     for q in questions:

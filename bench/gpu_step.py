@@ -77,7 +77,7 @@ def engine_for(model: LlamaModel, tokenizer: Tokenizer, max_rows: int, max_conte
         engine.runner.use_decode_graphs(max_rows, max_context)  # the dry run: the buckets, eagerly
     graphs = engine.runner.graphs
     print(json.dumps({"event": "engine", "invariant": invariant, "linear": linear, "linear_tile": tile,
-                      "rows": engine.runner.plan.label, "start_s": round(
+                      "rows": engine.runner.tiling.label, "start_s": round(
         time.perf_counter() - started, 1), "graph_capture_s": round(graphs.capture_seconds, 1) if graphs else None,
         "buckets": [b.rows for b in graphs.buckets] if graphs else None,
         "fingerprint": engine.runner.fingerprint}), flush=True)

@@ -91,7 +91,7 @@ def main() -> None:
                                   "load_s": round(loaded, 1), "verify_ok": report.ok,
                                   "identical": f"{report.identical}/{report.comparisons}",
                                   "max_abs_logit_diff": report.max_abs_logit_diff, "tok_per_s": speed,
-                                  "rows": e.runner.plan.label, "weight_bytes": e.runner.model.weight_bytes(),
+                                  "rows": e.runner.tiling.label, "weight_bytes": e.runner.model.weight_bytes(),
                                   "fingerprint": e.runner.fingerprint}), flush=True)
             except Exception as error:  # noqa: BLE001 - one failed run is reported, the others still run
                 print(json.dumps({"shape": args.shape, "precision": precision, "tensor_parallel": tp,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 KEV = Path(__file__).resolve().parents[1] / "kev"
@@ -113,6 +114,15 @@ def test_every_folder_has_a_floor() -> None:
     folders = {floor_of(m) for m in MODULES}
     assert sorted(folders - set(FLOORS)) == [], "a new folder: put it on its floor in FLOORS (and in docs/design.md)"
     assert sorted(set(FLOORS) - folders) == [], "FLOORS names a folder that is gone"
+
+
+def test_the_design_map_lists_the_same_floors() -> None:
+    """docs/design.md's map is the reader's copy of FLOORS: same floors, same order."""
+    doc = (KEV.parent / "docs" / "design.md").read_text()
+    rows = [line.split(" | ")[0] for line in doc.split("## The map")[1].splitlines() if line.startswith("| `kev")]
+    listed = [name.strip("/").removesuffix(".py").replace("/", ".")
+              for row in rows for name in re.findall(r"`(kev[^`]*)`", row)]
+    assert listed == FLOORS
 
 
 def test_no_import_runs_back_up() -> None:

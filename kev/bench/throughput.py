@@ -128,7 +128,7 @@ def _decode_step_vs_bound(engine: Engine, n: int, num_steps: int) -> dict[str, f
     step_ms = statistics.median(decode) if decode else 0.0
     if engine.config.core.tensor_parallel > 1:  # a shard's linears sum over ranks that would not join: no bound
         return {"step_ms": round(step_ms, 2), "linear_bound_ms": 0.0, "bound_share": 0.0}
-    bound_ms = linear_stack_ms(engine.runner.model, max(n, engine.runner.plan.min_rows))
+    bound_ms = linear_stack_ms(engine.runner.model, max(n, engine.runner.tiling.min_rows))
     return {"step_ms": round(step_ms, 2), "linear_bound_ms": round(bound_ms, 2),
             "bound_share": round(bound_ms / step_ms, 2) if step_ms else 0.0}
 

@@ -43,11 +43,11 @@ def bucket_sizes(tile: int, max_rows: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: LlamaModel, caches: list[PagedKVLayer], plan: RowTiling, max_rows: int, max_context: int,
-                 block_size: int) -> None:
-        self.model, self.caches, self.plan = model, caches, plan
+    def __init__(self, model: LlamaModel, caches: list[PagedKVLayer], tiling: RowTiling, max_rows: int,
+                 max_context: int, block_size: int) -> None:
+        self.model, self.caches, self.tiling = model, caches, tiling
         self.block_size, self.width = block_size, -(-max_context // block_size)
-        self.buckets = [self._bucket(rows) for rows in bucket_sizes(plan.small, max_rows)]
+        self.buckets = [self._bucket(rows) for rows in bucket_sizes(tiling.small, max_rows)]
         self.capture_seconds = 0.0
         self.steps_run = 0  # decode steps that ran over a bucket (a graph replay on CUDA)
 
@@ -59,10 +59,10 @@ class DecodeGraphs:
         buffer = host.to(device)
         views = DeviceRows.over(buffer, rows, self.width, self.block_size)
         arange = torch.arange(rows, device=device)
-        tiles = self.plan.for_step(rows) if self.plan.is_one_gemm else self.plan.for_decode(rows)
+        tiles = self.tiling.for_step(rows) if self.tiling.is_one_gemm else self.tiling.for_decode(rows)
         meta = StepMetadata(input_ids=views.input_ids, positions=views.positions, tiles=tiles, token_rows=arange,
                             slot_mapping=views.slots, spans=[], sample_rows=arange,
-                            sample_tiles=self.plan.for_samples(rows),
+                            sample_tiles=self.tiling.for_samples(rows),
                             paged=PagedRows(empty.host, self.block_size, device, static=views))
         return Bucket(rows, host, buffer, meta)
 

@@ -217,7 +217,7 @@ class Engine(RequestFront[Request]):
         """Lock held: the plan's work packed into one step's metadata, audited (None: no forward this step)."""
         if not plan.work:
             return None
-        meta = pack(plan.work, self.parts.blocks, self.runner.plan, self.runner.device)
+        meta = pack(plan.work, self.parts.blocks, self.runner.tiling, self.runner.device)
         return meta if self.guard.check(meta) else None
 
     def _record(self, plan: StepPlan, meta: StepMetadata | None, sampled_ids: list[list[int]] | None,

@@ -88,14 +88,14 @@ def build_parts(config: KevConfig, model: LlamaModel | None = None, tokenizer: T
 
         runner: ModelRunner = start_tensor_parallel(config, model, num_blocks, tp_devices)
     else:
-        plan, setup = row_tiling(config, model)
+        tiling, setup = row_tiling(config, model)
         device_label = setup.label
-        runner = ModelRunner(model, num_blocks, core.block_size, plan, device_label)
+        runner = ModelRunner(model, num_blocks, core.block_size, tiling, device_label)
         if setup.graphable and core.cuda_graphs and model.device.type == "cuda":
             runner.use_decode_graphs(router.max_parallel_queries, core.max_context)
     kernels = "kev kernels" if model.cpu_kernels else (device_label or "torch ops")
     log.info("linear rows: %s; row ops and decode attention: %s; %s, %d threads (OMP_WAIT_POLICY=%s, "
-             "GOMP_SPINCOUNT=%s)", runner.plan.label, kernels,
+             "GOMP_SPINCOUNT=%s)", runner.tiling.label, kernels,
              runner.dtype, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "unset"),
              os.environ.get("GOMP_SPINCOUNT", "unset"))
     log.info("KV cache: %d blocks x %d tokens (%s), %.1f MiB", num_blocks, core.block_size,

@@ -14,10 +14,10 @@ from kev.model.step_metadata import StepMetadata
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: RowTiling,
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, tiling: RowTiling,
                  device_label: str = "") -> None:
         """device_label: Kev's Triton kernels and linear kernel where they run (DeviceSetup.label), else ""."""
-        self.model, self.plan, self.block_size = model, plan, block_size
+        self.model, self.tiling, self.block_size = model, tiling, block_size
         cfg = model.config
         self.device, self.dtype = model.device, model.dtype
         kv_heads = model.first_blocks()[0].num_kv_heads  # this rank's share under tensor parallelism
@@ -25,14 +25,14 @@ class ModelRunner:
             PagedKVLayer(num_blocks * block_size, kv_heads, cfg.head_dim, self.dtype, self.device)
             for _ in range(cfg.num_layers)
         ]
-        self.fingerprint = numerics_fingerprint(self.dtype, self.device, plan, model.cpu_kernels,
+        self.fingerprint = numerics_fingerprint(self.dtype, self.device, tiling, model.cpu_kernels,
                                                 model.weight_numerics(), device_label)
         self.graphs: DecodeGraphs | None = None
 
     def use_decode_graphs(self, max_rows: int, max_context: int) -> None:
         """Decode-only steps from now on run over fixed row buckets (engine/decode_graphs.py): each one CUDA-graph
         replay on CUDA; elsewhere (the tests) the same buckets run eagerly."""
-        self.graphs = DecodeGraphs(self.model, self.caches, self.plan, max_rows, max_context, self.block_size)
+        self.graphs = DecodeGraphs(self.model, self.caches, self.tiling, max_rows, max_context, self.block_size)
         if self.device.type == "cuda":
             self.graphs.capture()
 
@@ -68,7 +68,7 @@ class ModelRunner:
         """A prompt row's bits depend neither on how its prompt is chunked nor on the step's other rows: one GEMM per
         step proved row-invariant, and attention on Kev's kernels (soft-capped layers gather per chunk instead).
         Then a shared start computed once is the start each question would compute (engine/shared_starts.py)."""
-        return self.plan.free_rows and self.model.cpu_kernels and self.model.config.attn_logit_softcapping is None
+        return self.tiling.free_rows and self.model.cpu_kernels and self.model.config.attn_logit_softcapping is None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -76,7 +76,7 @@ class ModelRunner:
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.dtype.itemsize
 
 
-def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: RowTiling, cpu_kernels: bool,
+def numerics_fingerprint(dtype: torch.dtype, device: torch.device, tiling: RowTiling, cpu_kernels: bool,
                          weights: str, device_label: str = "") -> str:
     """A short hash of everything that decides the bits of an answer (weights: LlamaModel.weight_numerics, e.g.
     torch.int8 under core.precision int8, the GGUF block formats and the quantized kernel's path under gguf;
@@ -90,6 +90,6 @@ def numerics_fingerprint(dtype: torch.dtype, device: torch.device, plan: RowTili
             attention += ",prefill=flash-bf16"  # prompt rows on cpu_kernels/prefill_attention.cpp
         if device.type == "cuda":
             attention += ",sdpa=efficient|math"  # model/attention.py: flash and cuDNN are not deterministic there
-    parts = [str(dtype), device.type, device_kind, plan.label, attention, torch.__version__,
+    parts = [str(dtype), device.type, device_kind, tiling.label, attention, torch.__version__,
              f"threads={torch.get_num_threads()}"] + ([f"weights={weights}"] if weights != str(dtype) else [])
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]

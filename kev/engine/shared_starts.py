@@ -8,7 +8,7 @@ row from its own channel's keys in an order fixed by its position; model/step_me
 computed in a prefix job and copied in is the start the question would have computed itself. Engines whose
 numerics lack that property (no C++ kernels, tiled torch GEMMs, soft-capped attention) do not group.
 Why this keeps strict's rule: a request belongs to one caller, and its prefix entries are keyed by its
-request id (isolation/prefix_store.py), so nothing computed here is reused by another caller.
+request id (engine/kv/prefix_store.py), so nothing computed here is reused by another caller.
 """
 from __future__ import annotations
 

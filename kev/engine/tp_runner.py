@@ -89,9 +89,9 @@ class FollowerSetup:
 class TensorParallelRunner(ModelRunner):
     """Rank 0's ModelRunner: every run/copy_slots is sent to the followers first, then done on this rank's shard."""
 
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, plan: RowTiling,
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, tiling: RowTiling,
                  followers: list[Follower]) -> None:
-        super().__init__(model, num_blocks, block_size, plan)
+        super().__init__(model, num_blocks, block_size, tiling)
         self.followers = followers
         self.world = len(followers) + 1
         self.fingerprint = hashlib.sha256(f"{self.fingerprint}|tp={self.world}".encode()).hexdigest()[:12]
@@ -209,8 +209,8 @@ def start_tensor_parallel(config: KevConfig, model: LlamaModel, num_blocks: int,
             _wait_ready(follower)
         tensor_group = TensorGroup.connect(store, 0, world, devices[0], COLLECTIVE_TIMEOUT_S)
         shard = shard_model(model, tensor_group)
-        plan = shard_row_tiling(config, shard)
-        runner = TensorParallelRunner(shard, num_blocks, config.core.block_size, plan, followers)
+        tiling = shard_row_tiling(config, shard)
+        runner = TensorParallelRunner(shard, num_blocks, config.core.block_size, tiling, followers)
     except BaseException:
         stop_followers(followers)
         raise

@@ -181,7 +181,7 @@ class LlamaModel(nn.Module):
 
     def weight_bytes(self) -> int:
         """Bytes of the weights held: parameters, int8 scales and kernel packings, each storage once (Kev's GEMM
-        packing replaces the plain weight). The figure `kev plan` predicts (isolation/memory_plan.weight_bytes)."""
+        packing replaces the plain weight). The figure `kev plan` predicts (engine/kv/memory_plan.weight_bytes)."""
         tensors: list[torch.Tensor | None] = list(self.parameters())
         for module in self.modules():
             if isinstance(module, Linear):

@@ -23,7 +23,7 @@ from kev.wire.limits import Limits
 from kev.wire.openai_format import Reply
 from kev.wire.tools.prompt import Parser
 from kev.wire.tools.reply import ToolReply
-from kev.wire.tools.request import plan_tools
+from kev.wire.tools.request import tool_request
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,10 @@ def chat_call(body: ChatCompletionBody, served: Served, chars_field: str = "mess
     tools = None
     if body.uses_tools and served.tools is not None:  # rendered here, with the tools; the engine takes the prompt
         setup = served.tools
-        plan = plan_tools(body, setup.tokenizer(), setup.parser, setup.system)
-        query, tools = {"prompt": plan.prompt}, plan.reply
-        if plan.structure is not None:
-            sampling = dataclasses.replace(sampling, structured_outputs=plan.structure)
+        request = tool_request(body, setup.tokenizer(), setup.parser, setup.system)
+        query, tools = {"prompt": request.prompt}, request.reply
+        if request.structure is not None:
+            sampling = dataclasses.replace(sampling, structured_outputs=request.structure)
     forced = "tools" if tools is not None and tools.mode in ("named", "required") else None  # the tools' grammar
     return EngineCall([body.seeded(query, j) for j in range(body.num_candidates)],
                       served.limits.with_default_max_tokens(sampling), body.request_options(),

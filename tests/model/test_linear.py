@@ -27,7 +27,7 @@ def test_row_bits_independent_of_neighbours(dtype, tile):
             assert torch.equal(out[3 * tile + position], alone), (in_features, out_features, position)
 
 
-def test_tile_plan_depends_only_on_chunk_length():
+def test_row_tiling_depends_only_on_chunk_length():
     plan = RowTiling(16, 64)
     assert plan.for_chunk(16) == [16]
     assert plan.for_chunk(17) == [32]

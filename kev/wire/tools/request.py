@@ -17,13 +17,13 @@ from kev.wire.bodies.tool_schema import NamedToolChoice
 
 
 @dataclass(frozen=True)
-class ToolPlan:
+class ToolRequest:
     prompt: str  # the rendered prompt, submitted as is (the template already applied)
     structure: dict[str, Any] | None  # a forced call's grammar, as structured_outputs
     reply: ToolReply
 
 
-def plan_tools(body: ChatCompletionBody, tokenizer: Tokenizer, parser: Parser, system: str | None) -> ToolPlan:
+def tool_request(body: ChatCompletionBody, tokenizer: Tokenizer, parser: Parser, system: str | None) -> ToolRequest:
     """system: the operator's system prompt (isolation.system_prompt), put first when the caller sent none."""
     tools = body.tools or []
     names = {t.function.name for t in tools}
@@ -47,7 +47,7 @@ def plan_tools(body: ChatCompletionBody, tokenizer: Tokenizer, parser: Parser, s
         prompt = render(tokenizer, messages, tools if mode != "none" else [], parser)
     except jinja2.TemplateError as err:
         raise ApiError(400, f"messages: the model's chat template refused them: {err}", "messages") from None
-    return ToolPlan(prompt.text, structure,
+    return ToolRequest(prompt.text, structure,
                     ToolReply(mode, parser, names, prompt.kind, named, parallel=body.parallel_tool_calls is not False))
 
 

@@ -112,7 +112,7 @@ def questions() -> list[dict]:
 
 def test_triton_engine_packed_equals_solo_and_graph_buckets_change_no_bit(tiny_engines):
     triton_engine = tiny_engines["triton"]
-    assert triton_engine.runner.plan.paged and triton_engine.runner.model.device_kernels is not None
+    assert triton_engine.runner.tiling.paged and triton_engine.runner.model.device_kernels is not None
     solo = [triton_engine.generate([q], timeout=600)[0] for q in questions()]
     for name in ("triton", "graphs"):
         packed = tiny_engines[name].generate(questions()[::-1], timeout=600)[::-1]
@@ -163,7 +163,7 @@ def test_gemma_takes_the_triton_norms_and_geglu_and_keeps_torch_attention(tmp_pa
         model = load_model(tmp_path, "fp32", CPU, 256)
         with kev.Engine(config, build_parts(config, model, tokenizer), record_logits=True) as engine:
             if kernels == "triton":
-                assert model.device_kernels is None and not engine.runner.plan.paged  # attention: torch
+                assert model.device_kernels is None and not engine.runner.tiling.paged  # attention: torch
                 assert model.layers[0].mlp.device_ops is not None  # GeGLU: Triton
                 solo = [engine.generate([q], timeout=600)[0] for q in questions()]
                 packed = engine.generate(questions()[::-1], timeout=600)[::-1]
