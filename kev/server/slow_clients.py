@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Container, MutableMapping
 from typing import Any
 
 import h11
@@ -176,9 +176,13 @@ class GuardedH11Protocol(H11Protocol):
 
 def guarded_h11(server: ServerConfig) -> type[GuardedH11Protocol]:
     """uvicorn.Config(http=...) takes a class: one with this server's deadlines and its own ConnectionBook."""
-    proxy_headers = ProxyHeadersMiddleware(_ignore, server.forwarded_allow_ips) if server.forwarded_allow_ips else None
+    # uvicorn's own reader of the setting (addresses, networks, "*"): the book and forwarded_client trust alike
+    proxy_headers = (ProxyHeadersMiddleware(_ignore, server.forwarded_allow_ips)  # type: ignore[arg-type]
+                     if server.forwarded_allow_ips else None)
+    proxies: Container[str] = (proxy_headers.trusted_hosts  # type: ignore[assignment]  # __contains__(str | None)
+                               if proxy_headers is not None else frozenset())
     book = ConnectionBook(server.max_connections, server.max_connections_per_client, server.reserve_slots,
-                          proxies=proxy_headers.trusted_hosts if proxy_headers is not None else frozenset())
+                          proxies=proxies)
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {
         "book": book, "proxy_headers": proxy_headers, "header_timeout_s": server.header_timeout_s,
         "body_timeout_s": server.body_timeout_s})
