@@ -55,6 +55,11 @@ class UnsupportedModelError(KevError, ValueError):
     The message names the thing and what is supported."""
 
 
+class DamagedModelError(KevError, ValueError):
+    """A model file Kev cannot read as what it should be (a truncated or broken config.json, a cache that does not
+    match its manifest, with no source to rebuild it from). The message names the file."""
+
+
 class EngineFailedError(KevError):
     """The engine can no longer compute (a tensor-parallel rank died or fell out of step): it failed the questions
     it held and takes no more; the message says which rank and why."""

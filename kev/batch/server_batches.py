@@ -24,6 +24,7 @@ from kev.batch.requests import BatchRequest, RequestBuilder, build_all
 from kev.batch.runner import BatchRunner
 from kev.batch.store import BatchStore, owner
 from kev.backend.bridge import EngineBridge
+from kev.errors import describe_os_error
 
 if TYPE_CHECKING:
     from kev.server.service import KevService
@@ -124,15 +125,30 @@ class BatchManager:
                 await self._answer(record, remaining, stop)
             if (over := record["kev"].pop("over_quota", None)) is not None:
                 self._finish(record, "failed", [LineError(0, None, "batch.tenant_quota_bytes", over)], seal=True)
+            elif (refused := record["kev"].pop("os_error", None)) is not None:
+                self._fail_on_os_error(record, refused)
             elif record["status"] == "cancelling":
                 self._finish(record, "cancelled")
             elif not stop.is_set():
                 self._finish(record, "completed")
             else:
                 self.store.save_batch(record)  # a shutdown: left in_progress for the next server
+        except OSError as err:  # the batch folder refused a read or write (full, read-only): one line, no traceback
+            self._fail_on_os_error(record, describe_os_error(err))
         except Exception as err:
             log.exception("batch %s failed", record["id"])
             self._finish(record, "failed", [LineError(0, None, None, f"internal error: {err!r}")])
+
+    def _fail_on_os_error(self, record: dict[str, Any], message: str) -> None:
+        """The batch fails with one line naming the path and what to do (describe_os_error); what it answered is
+        sealed (readable), as at the quota. If even that cannot be written, its record on disk stays unfinished:
+        the next start resumes it."""
+        log.error("batch %s failed: %s", record["id"], message)
+        try:
+            self._finish(record, "failed", [LineError(0, None, None, message)], seal=True)
+        except OSError as again:
+            log.error("batch %s: its failure could not be recorded (%s); the next start resumes it",
+                      record["id"], describe_os_error(again))
 
     def _read(self, record: dict[str, Any]) -> tuple[builtins.list[BatchRequest], builtins.list[LineError]]:
         """Validating: every line of the input file must be a request to the batch's endpoint."""
@@ -188,10 +204,15 @@ class BatchManager:
                                                "lines were answered")
                 stop.set()
                 return
+            failed = is_failure(line)
+            try:
+                (failures if failed else outputs).write(line)
+            except OSError as err:  # a full disk: the torn line is cut off (OutputFile); stop, fail naming the file
+                record["kev"]["os_error"] = describe_os_error(err)
+                stop.set()
+                return
             self._unsealed[tenant] += size
             written[0] += size
-            failed = is_failure(line)
-            (failures if failed else outputs).write(line)
             record["request_counts"]["failed" if failed else "completed"] += 1
             if time.monotonic() - saved[0] > SAVE_EVERY_S:
                 self.store.save_batch(record)

@@ -68,8 +68,9 @@ class ServerConfig(BaseModel):
     # shorten once the server is half full, to a tenth when full.
     max_connections_per_client: int = Field(256, ge=1)
     connection_reserve: int | None = Field(None, ge=0)  # None: an eighth of max_connections
-    # uvicorn's setting: proxies (IPs, or "*") whose X-Forwarded-For names the client (request logs, tenants'
-    # addresses); their connections carry many clients, so the per-address cap does not apply to them.
+    # uvicorn's setting: proxies (IPs, networks, or "*") whose X-Forwarded-For names the client (request logs,
+    # tenants' addresses, the per-client cap): a proxy's own address has no cap (it carries many clients); each
+    # request through it counts against its forwarded client from its headers until answered (slow_clients.py).
     forwarded_allow_ips: list[str] = Field(default_factory=list)
     keep_alive_s: float = Field(5.0, gt=0)
     shutdown_grace_s: float = Field(10.0, ge=0)  # SIGTERM: in-flight requests may finish this long, then are cancelled

@@ -79,9 +79,7 @@ class LocalCluster:
         self._spawn("router", ["serve", "--config", str(paths["router"])])
         self.write_status()  # each process "starting" (loading a model takes a minute or two): status can say so
         self._wait_ready(timeout)
-        for child in self.children:
-            child.state.state = "running"
-        self.write_status()
+        self._mark_running({c.name for c in self.children})
 
     def _write_configs(self, nats_url: str, users: dict[str, RoleUser],
                        secret: str) -> tuple[dict[str, Path], str | None]:
@@ -171,8 +169,9 @@ class LocalCluster:
     def _mark_running(self, names: set[str]) -> None:
         """Start-up: the router answered and these workers sent a heartbeat; status.json says so at once."""
         changed = [c for c in self.children if c.name in names and c.state.state == "starting"]
+        now = time.time()
         for child in changed:
-            child.state.state = "running"
+            child.state.state, child.state.ready_at = "running", now  # the record keeps when it stopped starting
         if changed:
             self.write_status()
 

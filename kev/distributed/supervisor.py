@@ -29,6 +29,7 @@ class ProcessState:
     last_exit: int | None = None
     started_at: float = field(default_factory=time.time)
     restart_at: float | None = None  # unix seconds; set while restarting
+    ready_at: float | None = None  # unix seconds: when `cluster up` saw it ready and it left "starting"
 
     def died(self, code: int | None, now: float) -> float:
         """Record its death; the delay before it is started again."""

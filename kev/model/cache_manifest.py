@@ -35,33 +35,40 @@ def verify_mode() -> str:
     return mode
 
 
-def write_manifest(folder: Path) -> None:
-    """Hash every file in folder and write the manifest beside them: call it last, when the files are final."""
-    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
+def write_manifest(folder: Path, files: list[str] | None = None, manifest: str = MANIFEST) -> None:
+    """Hash every file in folder (or just `files`) and write the manifest beside them: call it last, when the files
+    are final. `manifest` names it (one cache file among others, e.g. an int8 cache, has its own: file_manifest)."""
+    if files is None:
+        files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != manifest)
     sizes = {name: (folder / name).stat().st_size for name in files}
     hashes = _hash_files(folder, sizes)
     body = {"hash": HASH, "files": {name: {"size": sizes[name], "hash": hashes[name]} for name in files}}
-    partial = folder / f".{MANIFEST}.partial"
+    partial = folder / f".{manifest}.partial"
     partial.write_text(json.dumps(body, indent=1) + "\n")
-    partial.replace(folder / MANIFEST)
+    partial.replace(folder / manifest)
+
+
+def file_manifest(path: Path) -> str:
+    """The name of the manifest of one cache file that shares its folder with others (beside it, in that folder)."""
+    return f"{path.name}.{MANIFEST}"
 
 
 def has_manifest(folder: Path) -> bool:
     return (folder / MANIFEST).is_file()
 
 
-def find_damage(folder: Path, mode: str | None = None) -> str | None:
+def find_damage(folder: Path, mode: str | None = None, manifest: str = MANIFEST) -> str | None:
     """None if the folder matches its manifest, else why not (one phrase naming the file)."""
     mode = mode or verify_mode()
     if mode == "off":
         return None
     try:
-        body = json.loads((folder / MANIFEST).read_text())
+        body = json.loads((folder / manifest).read_text())
         expected = {name: (int(entry["size"]), str(entry["hash"])) for name, entry in body["files"].items()}
     except FileNotFoundError:
-        return f"it has no {MANIFEST} (an interrupted conversion, or an older Kev's)"
+        return f"it has no {manifest} (an interrupted conversion, or an older Kev's)"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        return f"its {MANIFEST} is unreadable ({err})"
+        return f"its {manifest} is unreadable ({err})"
     sizes: dict[str, int] = {}
     for name, (size, _) in expected.items():
         try:

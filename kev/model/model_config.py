@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kev.errors import UnsupportedModelError
+from kev.errors import DamagedModelError, UnsupportedModelError
 
 # Kept in sync with kev/model/families.py (FAMILIES), which maps each to its model class.
 SUPPORTED_ARCHITECTURES = {"llama", "qwen2", "mistral", "qwen3", "gemma2", "gemma3_text", "phi3"}
@@ -131,7 +131,26 @@ class ModelConfig:
 
     @classmethod
     def from_folder(cls, folder: Path) -> ModelConfig:
-        return cls.from_hf_dict(json.loads((folder / "config.json").read_text()))
+        path = folder / "config.json"
+        raw = read_model_json(path)
+        try:
+            return cls.from_hf_dict(raw)
+        except KeyError as err:
+            raise UnsupportedModelError(f"{path}: it has no {err.args[0]!r}, which a model config needs") from None
+
+
+def read_model_json(path: Path) -> dict[str, Any]:
+    """One JSON file of a model folder (config.json, tokenizer_config.json, ...) as an object. A damaged one (a user's
+    Hugging Face folder, or an older Kev's cache without a manifest) is one line naming it, not a JSONDecodeError."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise DamagedModelError(f"{path}: not valid JSON ({err}); the file is damaged or truncated: restore it, "
+                                f"or download or convert the model again") from None
+    if not isinstance(raw, dict):
+        raise DamagedModelError(f"{path}: a JSON {type(raw).__name__}, not an object; the file is damaged: restore "
+                                f"it, or download or convert the model again")
+    return raw
 
 
 def _layer_windows(raw: dict[str, Any], model_type: str) -> tuple[int | None, ...]:

@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kev.errors import KevError
+from kev.errors import DamagedModelError, KevError
 from kev.model.cache_manifest import find_damage, has_manifest
 from kev.model.gguf_convert import convert_gguf_to_hf_folder
 
@@ -20,10 +20,6 @@ log = logging.getLogger(__name__)
 
 class ModelNotFoundError(KevError, ValueError):
     """The model name is neither a known alias, a .gguf file, nor a folder with config.json."""
-
-
-class DamagedModelError(KevError, ValueError):
-    """A converted folder named directly (no source to rebuild it from) does not match its manifest."""
 
 
 @dataclass(frozen=True)

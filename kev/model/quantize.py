@@ -5,22 +5,26 @@ Every Linear's weight (the token table included: a tied model's head is the tabl
 an fp32 scale per row, W ≈ q · scale. Activations, norms and K/V stay in the compute dtype (bf16; fp16
 on CUDA without bf16). Quantizing happens once per model: the result is cached as safetensors under
 $KEV_CACHE_DIR/int8, keyed by the source weights' files, so the next load reads half the bytes and
-skips the rounding.
+skips the rounding. Each cache file has a manifest beside it (`<name>.safetensors.kev-manifest.json`, as the
+converted model cache: kev/model/cache_manifest.py), checked at every load: a damaged file is quantized again.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from kev.model.cache_manifest import file_manifest, find_damage, write_manifest
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
 from kev.model.quant_weight import pack_w8a8
 
 SCALE_SUFFIX = ".scale"
+log = logging.getLogger(__name__)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,12 +84,29 @@ def cache_path(folder: Path, cache: Path, transform: str = "") -> Path:
 
 
 def read_cached(path: Path) -> dict[str, torch.Tensor] | None:
-    return load_file(path) if path.is_file() else None
+    """The cached int8 weights, or None (then they are quantized again and the cache rewritten). The file is trusted
+    only if its manifest (written last, beside it: kev/model/cache_manifest.py, KEV_CACHE_VERIFY honoured) says so:
+    a damaged file, or one without a manifest (an interrupted write, an older Kev's), is discarded with one line."""
+    if not path.is_file():
+        return None
+    manifest = path.parent / file_manifest(path)
+    damage = find_damage(path.parent, manifest=manifest.name)
+    if damage is None:
+        try:
+            return load_file(path)
+        except Exception as err:  # noqa: BLE001 - safetensors' own error: a file KEV_CACHE_VERIFY let through
+            damage = f"safetensors cannot read it ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+    log.warning("int8 weight cache %s: %s; quantizing the weights again", path, damage)
+    manifest.unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+    return None
 
 
 def write_cache(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """Written to a temporary name first: a half-written file is never read as a cache."""
+    """Written to a temporary name first: a half-written file is never read as a cache; its manifest comes last."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / file_manifest(path)).unlink(missing_ok=True)  # never an old manifest beside a new file
     partial = path.with_suffix(".partial")
     save_file({k: v.contiguous() for k, v in state.items()}, str(partial))
     partial.replace(path)
+    write_manifest(path.parent, [path.name], file_manifest(path))

@@ -12,7 +12,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
-from kev.errors import ConfigError
+from kev.errors import ConfigError, DamagedModelError
+from kev.model.model_config import read_model_json
 
 _REPLACEMENT = "\ufffd"  # what a lossy UTF-8 decode ends with while a character is incomplete
 
@@ -43,7 +44,11 @@ class Tokenizer:
         chat_template (core.chat_template, --chat-template) overrides the folder's: a file path, or the template
         itself."""
         path = Path(path)
-        backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        try:
+            backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as err:  # the tokenizers library raises a bare Exception for a damaged or missing file
+            raise DamagedModelError(f"{path / 'tokenizer.json'}: not a tokenizer Kev can read ({err}); restore it, "
+                                    f"or download or convert the model again") from None
         tok_config = _read_json(path / "tokenizer_config.json")
         bos, eos = _token_text(tok_config.get("bos_token")), _token_text(tok_config.get("eos_token"))
         eos_ids: list[int] = []
@@ -208,7 +213,7 @@ def _jinja_env() -> ImmutableSandboxedEnvironment:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return read_model_json(path) if path.is_file() else {}
 
 
 def _token_text(token: Any) -> str | None:

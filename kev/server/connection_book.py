@@ -5,7 +5,9 @@ filled server.max_connections and every real client got 503). Three rules, all d
   - one client address holds at most server.max_connections_per_client connections; one more is refused (503)
     unless its first bytes are a whole request's headers: then it takes the place of that address's longest waiting
     connection (evicted: 408), so tricklers behind one NAT or proxy never lock out the complete requests beside them
-    (1,000 from one address once did); addresses in server.forwarded_allow_ips (trusted proxies) have no such cap;
+    (1,000 from one address once did); addresses in server.forwarded_allow_ips (trusted proxies) have no such cap
+    on their own address, but each request through one counts, from its headers until it is answered, against the
+    address its X-Forwarded-For names (begin_forwarded: one over the cap is a 503);
   - connections that have not yet sent a whole request may hold at most max_connections minus
     server.connection_reserve slots: when they hold them all, a new connection evicts the one that has
     waited longest (it gets its 408), so a real client, whose request arrives at once, always finds a slot;
@@ -16,6 +18,7 @@ The protocol (kev.server.slow_clients) calls admit / sent_request / close; all o
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,7 +38,8 @@ class ConnectionBook:
     clients: dict[Evictable, str] = field(default_factory=dict)  # every open connection -> its client address
     per_client: Counter[str] = field(default_factory=Counter)
     waiting: OrderedDict[Evictable, None] = field(default_factory=OrderedDict)  # no whole request yet; oldest first
-    proxies: frozenset[str] = frozenset()  # trusted proxy addresses (server.forwarded_allow_ips): no per-address cap
+    # trusted proxies (server.forwarded_allow_ips, as uvicorn reads it: addresses, networks, "*"): no cap of their own
+    proxies: Container[str] = frozenset()
     num_evicted: int = 0
     num_refused: int = 0
 
@@ -71,6 +75,21 @@ class ConnectionBook:
         self.clients[connection] = client
         self.per_client[client] += 1
         return None
+
+    def begin_forwarded(self, client: str, proxy: str) -> str | None:
+        """A request through trusted proxy `proxy` has its headers in, and X-Forwarded-For names `client`: it counts
+        against client's cap until end_forwarded (None), or is refused now (why: a 503)."""
+        if self.is_over_cap(client):
+            self.num_refused += 1
+            return (f"{self.per_client[client]} connections and requests from {client} (X-Forwarded-For, through "
+                    f"{proxy}) are open; the limit is server.max_connections_per_client={self.max_per_client}")
+        self.per_client[client] += 1
+        return None
+
+    def end_forwarded(self, client: str) -> None:
+        self.per_client[client] -= 1
+        if self.per_client[client] <= 0:
+            del self.per_client[client]
 
     def sent_request(self, connection: Evictable) -> None:
         """It sent a whole request: from now on it may use the reserve, and is never evicted."""

@@ -10,13 +10,24 @@ connection evicts the one that has waited longest for its headers), and deadline
 tighten as the server fills. Authentication is checked only after the headers, so this is what
 stops an unauthenticated flood. The gate middleware keeps its own full body deadline
 (server.body_timeout_s); this one is that deadline shortened while the server is full.
+
+Behind a trusted proxy (server.forwarded_allow_ips) a connection is admitted by its peer, the proxy, before any
+header is read: at that point the proxy's address is all there is, and it has no cap (it carries every client).
+Once a request's headers are in, its X-Forwarded-For is read exactly as uvicorn's ProxyHeadersMiddleware reads it
+(the same trust rule, the same hop), and the request counts against that client address's cap until it is
+answered; one over the cap gets a 503 with Retry-After before the app sees it. So a client behind the proxy holds
+at most max_connections_per_client requests at once; what it cannot be charged for is a connection the proxy opened
+and has not yet sent headers on (a proxy that buffers requests, as nginx does by default, never trickles them).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable, Container, MutableMapping
+from typing import Any
 
 import h11
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from kev.config.server_config import ServerConfig
@@ -24,6 +35,8 @@ from kev.server.connection_book import ConnectionBook
 from kev.wire.bodies.errors import error_body
 
 REFUSAL_S = 1.0  # a refused connection gets its 503 when it sends its request, or after this long
+Scope = MutableMapping[str, Any]
+Asgi = Callable[[Scope, Any, Any], Awaitable[None]]
 
 
 def timeout_response(message: str, field: str) -> bytes:
@@ -40,8 +53,22 @@ def _response(status: bytes, body_json: dict[str, object], extra: bytes = b"") -
             b"content-length: %d\r\n\r\n%s" % (status, extra, len(body), body))
 
 
+async def _ignore(scope: Scope, receive: Any, send: Any) -> None:
+    return None
+
+
+async def forwarded_client(proxy_headers: ProxyHeadersMiddleware, scope: Scope) -> str | None:
+    """The client address uvicorn's ProxyHeadersMiddleware puts in scope["client"] for this request (the peer itself
+    when it is not a trusted proxy or sends no X-Forwarded-For): it runs on a copy of the scope."""
+    probe = dict(scope)
+    await proxy_headers(probe, _ignore, _ignore)  # type: ignore[arg-type]  # it only rewrites probe, then calls _ignore
+    client = probe.get("client")
+    return str(client[0]) if client else None
+
+
 class GuardedH11Protocol(H11Protocol):
     book: ConnectionBook  # set by guarded_h11(): one per server
+    proxy_headers: ProxyHeadersMiddleware | None = None  # server.forwarded_allow_ips set: who is trusted, and how
     header_timeout_s = 10.0
     body_timeout_s = 30.0
 
@@ -55,7 +82,32 @@ class GuardedH11Protocol(H11Protocol):
         if self._refused is not None:
             self._timer = self.loop.call_later(REFUSAL_S, self._refuse)
             return
+        if self.proxy_headers is not None and self._address in self.book.proxies:
+            self.app = self._counted_by_forwarded_client(self.app)
         self._follow(h11.IDLE)
+
+    def _counted_by_forwarded_client(self, app: Asgi) -> Asgi:
+        """The app for a trusted proxy's connection: each request counts against its X-Forwarded-For client."""
+        assert self.proxy_headers is not None
+        proxy_headers, proxy = self.proxy_headers, self._address
+
+        async def counted(scope: Scope, receive: Any, send: Any) -> None:
+            client = await forwarded_client(proxy_headers, scope) if scope["type"] == "http" else None
+            if client is None or client == proxy:
+                return await app(scope, receive, send)
+            refused = self.book.begin_forwarded(client, proxy)
+            if refused is not None:
+                body = json.dumps(error_body(503, f"request refused: {refused}", None)).encode()
+                await send({"type": "http.response.start", "status": 503, "headers": [
+                    (b"content-type", b"application/json"), (b"retry-after", b"1"),
+                    (b"content-length", str(len(body)).encode())]})
+                return await send({"type": "http.response.body", "body": body})
+            try:
+                await app(scope, receive, send)
+            finally:
+                self.book.end_forwarded(client)
+
+        return counted
 
     def data_received(self, data: bytes) -> None:
         if self._refused is not None and self._over_cap and b"\r\n\r\n" in data:  # whole headers at once: real
@@ -124,7 +176,13 @@ class GuardedH11Protocol(H11Protocol):
 
 def guarded_h11(server: ServerConfig) -> type[GuardedH11Protocol]:
     """uvicorn.Config(http=...) takes a class: one with this server's deadlines and its own ConnectionBook."""
+    # uvicorn's own reader of the setting (addresses, networks, "*"): the book and forwarded_client trust alike
+    proxy_headers = (ProxyHeadersMiddleware(_ignore, server.forwarded_allow_ips)  # type: ignore[arg-type]
+                     if server.forwarded_allow_ips else None)
+    proxies: Container[str] = (proxy_headers.trusted_hosts  # type: ignore[assignment]  # __contains__(str | None)
+                               if proxy_headers is not None else frozenset())
     book = ConnectionBook(server.max_connections, server.max_connections_per_client, server.reserve_slots,
-                          proxies=frozenset(server.forwarded_allow_ips))
+                          proxies=proxies)
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {
-        "book": book, "header_timeout_s": server.header_timeout_s, "body_timeout_s": server.body_timeout_s})
+        "book": book, "proxy_headers": proxy_headers, "header_timeout_s": server.header_timeout_s,
+        "body_timeout_s": server.body_timeout_s})

@@ -36,7 +36,11 @@ def test_cluster_up_answers_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
         status = subprocess.run([sys.executable, "-m", "kev.cli.main", "cluster", "status", "--workdir",
                                  str(tmp_path / "run")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                                 capture_output=True, text=True, timeout=120)
-        assert status.returncode == 0 and " starting " in status.stdout, status  # the model loads for many seconds
+        assert status.returncode == 0, status
+        if " starting " not in status.stdout:  # the models loaded before the status ran (a fast machine): the record
+            # must then say when each process left "starting" (the table itself: test_units' cluster status test)
+            processes = json.loads((tmp_path / "run" / "status.json").read_text())["processes"]
+            assert all(p["ready_at"] for p in processes if p["name"] != "nats-server"), processes
         deadline = time.monotonic() + 240
         while "Ctrl-C to stop" not in (tmp_path / "launcher.log").read_text() and time.monotonic() < deadline:
             assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()

@@ -194,3 +194,23 @@ def test_supervision_backs_off_and_forgives_a_process_that_stayed_up(tmp_path) -
     (read,) = read_status(tmp_path)
     assert (read.name, read.state, read.restarts, read.last_exit) == ("worker1", "restarting", 7, -9)
     assert status_table([read]).splitlines()[1].split() == ["worker1", "restarting", "-", "7", "-9"]
+
+
+def test_cluster_status_says_starting_until_each_process_is_ready(tmp_path, capsys) -> None:
+    """`kev cluster up` writes status.json with every process "starting" before it waits for them; each leaves it,
+    with the time recorded, once the router answers or the worker is heard from."""
+    from kev.cli.main import main
+    from kev.distributed.cluster import Child, LocalCluster
+    from kev.distributed.supervisor import ProcessState, read_status
+
+    cluster = LocalCluster({}, 1, tmp_path)
+    cluster.children = [Child(name, None, tmp_path / f"{name}.log", [], ProcessState(name, pid, state="starting"))  # type: ignore[arg-type]
+                        for name, pid in (("router", 10), ("worker0", 11))]
+    cluster.write_status()
+    assert main(["cluster", "status", "--workdir", str(tmp_path)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [row[:2] for row in rows[:2]] == [["router", "starting"], ["worker0", "starting"]], rows
+    cluster._mark_running({"router"})
+    states = {s.name: s for s in read_status(tmp_path)}
+    assert states["router"].state == "running" and states["router"].ready_at is not None
+    assert states["worker0"].state == "starting" and states["worker0"].ready_at is None

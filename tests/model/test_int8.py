@@ -3,6 +3,7 @@ quantized weights, and batch invariance exactly as in bf16."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from kev.cli.main import main
 from kev.engine.engine_setup import build_parts
 from kev.engine.kv.memory_plan import inputs_for, make_plan, shape_of
 from kev.isolation.verify import VERIFY_QUESTIONS, VerifyOptions, run_verify
-from kev.model import weights
+from kev.model import cache_manifest, weights
 from kev.model.linear import GemmWeight
 from kev.model.model_store import resolve_model_path
 from kev.model.quantize import quantize_rows
@@ -106,3 +107,36 @@ def test_quantized_weights_are_cached_and_read_back(tmp_path, monkeypatch):
 def test_plan_cli_agrees_with_the_engine(int8_engine, capsys):
     main(["plan", "--precision", "int8", "--json"])
     assert json.loads(capsys.readouterr().out)["weights_bytes"] == int8_engine.runner.model.weight_bytes()
+
+
+@pytest.mark.parametrize("damage", ["bit-flip", "no-manifest"])
+def test_a_damaged_int8_cache_is_quantized_again_with_one_line(tmp_path, monkeypatch, caplog, damage):
+    """The int8 cache has a manifest as the converted model cache does (kev/model/cache_manifest.py): a flipped bit in
+    its tensor data, or a file without a manifest (an older Kev's, an interrupted write), is never loaded."""
+    from tests.model.test_model_cache import flip_a_bit_in_tensor_data
+
+    monkeypatch.setattr(weights, "cache_root", lambda: tmp_path)
+    monkeypatch.delenv("KEV_CACHE_VERIFY", raising=False)
+    folder = resolve_model_path("smollm2-135m-instruct")
+    first = weights.load_model(folder, "int8", torch.device("cpu"), 64)
+    [cached] = (tmp_path / "int8").glob("*.safetensors")
+    manifest = cached.parent / cache_manifest.file_manifest(cached)
+    assert cache_manifest.find_damage(cached.parent, manifest=manifest.name) is None
+    if damage == "bit-flip":
+        flip_a_bit_in_tensor_data(cached)
+    else:
+        manifest.unlink()
+    quantized = []
+    real = weights.quantize_state
+    monkeypatch.setattr(weights, "quantize_state", lambda *args: quantized.append(1) or real(*args))
+    with caplog.at_level(logging.WARNING, logger="kev.model.quantize"):
+        second = weights.load_model(folder, "int8", torch.device("cpu"), 64)
+    [line] = [r.getMessage() for r in caplog.records]
+    why = "content does not match" if damage == "bit-flip" else "has no"
+    assert str(cached) in line and why in line and "quantizing the weights again" in line, line
+    assert quantized == [1]
+    for a, b in zip(first.state_dict().values(), second.state_dict().values()):
+        assert torch.equal(a, b)
+    assert cache_manifest.find_damage(cached.parent, manifest=manifest.name) is None  # rewritten, manifest last
+    monkeypatch.setattr(weights, "quantize_state", lambda *_: pytest.fail("quantized again despite the cache"))
+    weights.load_model(folder, "int8", torch.device("cpu"), 64)

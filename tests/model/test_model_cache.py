@@ -113,3 +113,19 @@ def test_a_damaged_folder_named_directly_is_one_line_and_exit_2(gguf: Path, caps
     assert main(["run", "--model", str(folder), "hi"]) == 2  # no source to rebuild from
     [line] = capsys.readouterr().err.strip().splitlines()
     assert str(folder) in line and "model.safetensors" in line and "damaged" in line, line
+
+
+@pytest.mark.parametrize("broken", ["config.json", "tokenizer_config.json"])
+def test_a_broken_json_in_a_folder_without_manifest_is_one_line_and_exit_2(gguf: Path, tmp_path: Path, broken: str,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    """A user's Hugging Face folder (or an older Kev's cache, without a manifest) is not checked by a manifest: a
+    broken JSON file in it is one line naming the file, not a JSONDecodeError traceback."""
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(resolve_model_path(str(gguf)), folder)
+    (folder / cache_manifest.MANIFEST).unlink()
+    break_json(folder / broken)
+    assert main(["run", "--model", str(folder), "hi"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert str(folder / broken) in line and "not valid JSON" in line, line

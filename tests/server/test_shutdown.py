@@ -1,7 +1,9 @@
 """SIGTERM: stop accepting, let in-flight answers finish within the grace period, cancel the rest, exit 0."""
 from __future__ import annotations
 
+import json
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -37,17 +39,51 @@ def stream_in_background(server: ServerProcess, body: dict[str, Any]) -> tuple[t
     return started, outcome
 
 
+def held_request(server: ServerProcess) -> tuple[socket.socket, bytes]:
+    """A request the server has begun to answer and that cannot end until the test sends the rest of its body, so the
+    drain is still on whatever the timing. Pipelined behind a GET /healthz on one connection: uvicorn reads the second
+    request's headers and starts its task in the same callback that completes the first response, so once that
+    response is read the held request is in flight. Returns the socket and the body's missing part."""
+    body = json.dumps({"queries": ["Hi"], "max_tokens": 2}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=120)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: kev\r\n\r\n"
+                 b"POST /v1/query HTTP/1.1\r\nHost: kev\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:5]))
+    reply = b""
+    while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):  # /healthz's small JSON, whole
+        chunk = sock.recv(65536)
+        assert chunk, reply
+        reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    return sock, body[5:]
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    return data
+
+
 def test_sigterm_lets_in_flight_answers_finish(tmp_path: Path) -> None:
-    """Issue 37: while they finish, the socket stays open and a newcomer gets a 503 with Retry-After."""
-    server = ServerProcess({"router": {"default_timeout_ms": 120_000}}, tmp_path, extra_args=["--grace", "120"]).start()
+    """Issue 37: while they finish, the socket stays open and a newcomer gets a 503 with Retry-After. A held request
+    keeps the drain on until the checks are done (a 64-token stream alone may finish first on a fast machine)."""
+    server = ServerProcess({"router": {"default_timeout_ms": 120_000}, "server": {"body_timeout_s": 300}}, tmp_path,
+                           extra_args=["--grace", "120"]).start()
     try:
         started, outcome = stream_in_background(server, {"queries": [COUNTING], "max_tokens": 64})
         assert started.wait(120)
+        held, rest = held_request(server)
         server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         wait_until(lambda: httpx.get(f"{server.url}/health", timeout=30).status_code == 503, what="draining")
         newcomer = httpx.post(f"{server.url}/v1/query", json={"queries": ["Hi"], "max_tokens": 2}, timeout=30)
         assert newcomer.status_code == 503 and newcomer.headers.get("Retry-After"), newcomer.text
         outcome["thread"].join(120)
+        assert server.proc.poll() is None  # type: ignore[union-attr]  # the held request still keeps it
+        held.sendall(rest)
+        reply = read_reply(held)  # its body came whole after the SIGTERM: new work, refused as a newcomer is
+        assert reply.startswith(b"HTTP/1.1 503") and b"retry-after" in reply.lower(), reply
         code = server.proc.wait(60)  # type: ignore[union-attr]
     finally:
         server.kill()
