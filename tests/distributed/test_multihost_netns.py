@@ -148,7 +148,7 @@ def test_a_work_item_without_the_cluster_secrets_tag_is_dropped(cluster: MultiHo
     dead: list[Any] = []
 
     async def forge() -> None:
-        nc = await nats.connect(**{**connect_options(deploy, "forger"), "allow_reconnect": False})
+        nc = await nats.connect(**{**connect_options(deploy, "forger", "router"), "allow_reconnect": False})
         try:
             js = nc.jetstream(timeout=10)
             for n, secret in enumerate((None, "another secret of at least 32 characters")):
