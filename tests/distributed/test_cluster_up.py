@@ -57,8 +57,14 @@ def test_cluster_up_answers_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
         assert "exit codes [0, 0, 0]" in (tmp_path / "launcher.log").read_text()
         assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
     finally:
-        if launcher.poll() is None:
+        if launcher.poll() is None:  # a failure above: its children run in sessions of their own, so they go too
+            orphans = psutil.Process(launcher.pid).children()
             launcher.kill()
+            for child in orphans:
+                try:
+                    child.kill()
+                except psutil.NoSuchProcess:
+                    pass
 
 
 def worker_restarts_after_a_kill(tmp_path: Path, port: int, worker: psutil.Process) -> None:
