@@ -99,6 +99,7 @@ NEVER = [f"{API}.STREAM.{verb}.{stream}" for verb in ("PURGE", "DELETE", "UPDATE
          for stream in ("KEV_WORK", "KEV_RESULTS", "KEV_DEAD", "KV_kev_answers", "KV_kev_requests")] + [
     f"{API}.CONSUMER.DELETE.KEV_WORK.KEV_p0", f"{API}.CONSUMER.DELETE.KEV_RESULTS.KEV_aggregator",
     f"{API}.STREAM.MSG.GET.KEV_WORK", f"{API}.STREAM.MSG.GET.KEV_RESULTS", f"{API}.DIRECT.GET.KEV_RESULTS",
+    f"{API}.STREAM.MSG.GET.KEV_DEAD",  # dead letters hold the bytes as sent: an operator's to read
     f"{API}.STREAM.MSG.DELETE.KV_kev_answers",
     f"{API}.CONSUMER.CREATE.KEV_RESULTS",  # an ephemeral consumer delivering the answers wherever it says
     f"{API}.CONSUMER.CREATE.KEV_RESULTS.spy.kev.result.>", f"{API}.CONSUMER.DURABLE.CREATE.KEV_RESULTS.spy"]
