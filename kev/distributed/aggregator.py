@@ -50,8 +50,8 @@ class Aggregator:
         self._rewatch = asyncio.Event()
 
     async def run(self) -> None:
-        link = await connect_forever(self.config.deploy, f"kev-aggregator-{self.aggregator_id}", self.stopping,
-                                     on_reconnect=self._on_reconnect)
+        link = await connect_forever(self.config.deploy, f"kev-aggregator-{self.aggregator_id}", "aggregator",
+                                     self.stopping, on_reconnect=self._on_reconnect)
         if link is None:
             return
         self.link, topology = link, link.topology

@@ -3,8 +3,9 @@
 Each role (router, worker, aggregator) gets its own user and a random password, and NATS its permissions: only the
 router publishes work items and cancels and writes the requests bucket (and claims a cancelled question's answer);
 only workers take work items (pull from the work stream) and publish answers and deltas; only the aggregator takes
-answers (pulls the results stream) and relays them to routers. Every role may use the JetStream API to declare
-what it needs, minus the pulls and reads that are another role's. NATS refuses any connection without a user, so a
+answers (pulls the results stream) and relays them to routers. Of the JetStream API each role may call what its
+code calls and nothing else (permissions() below): only the router declares streams and consumers, nobody deletes
+or purges them, and replies come to each role's own inboxes. NATS refuses any connection without a user, so a
 local process that holds no credential reads and writes nothing. Files are 0600 in a 0700 folder.
 """
 from __future__ import annotations
@@ -41,29 +42,53 @@ def new_users() -> dict[str, RoleUser]:
     return {role: RoleUser(role, secrets.token_urlsafe(24)) for role in ROLES}
 
 
+def inbox_prefix(role: str, prefix: str) -> str:
+    """The role's reply subjects (nats.connect(inbox_prefix=...)). JetStream answers a role's API calls and pulls
+    there, so each role subscribes to its own inboxes alone: never to another role's (a worker's pulled work items,
+    the aggregator's pulled answers)."""
+    return f"_INBOX_{prefix}_{role}"
+
+
 def permissions(role: str, prefix: str) -> dict[str, dict[str, list[str]]]:
-    """NATS publish/subscribe permissions of a role (deny wins over allow)."""
-    p, P = prefix, prefix.upper()
-    js = ["$JS.API.>", "$JS.FC.>", "_INBOX.>"]
-    take_work = f"$JS.API.CONSUMER.MSG.NEXT.{P}_WORK.>"
-    take_results = f"$JS.API.CONSUMER.MSG.NEXT.{P}_RESULTS.>"
-    read_answers = [f"$JS.API.DIRECT.GET.KV_{p}_answers.>", f"$JS.API.DIRECT.GET.KV_{p}_answers",
-                    f"$JS.API.STREAM.MSG.GET.KV_{p}_answers"]
+    """NATS publish/subscribe permissions of a role: the subjects and JetStream API calls its code makes, no more.
+
+    The router declares the cluster (kev/distributed/connection.py: streams, durable consumers, buckets), so it
+    alone may create them. Nobody may update, delete or purge a stream, delete a durable consumer, or read a
+    stream's messages by number, except the answers bucket's two readers (router and aggregator) reading it.
+    Workers look up and pull the work consumers; the aggregator looks up and pulls its results consumer, and
+    follows the requests bucket (an ordered consumer of its own: create, info, delete, flow control)."""
+    p, P, api = prefix, prefix.upper(), "$JS.API"
+    work, results, requests, answers = f"{P}_WORK", f"{P}_RESULTS", f"KV_{p}_requests", f"KV_{p}_answers"
+    own_inbox = f"{inbox_prefix(role, prefix)}.>"
+    read_answers = [f"{api}.STREAM.INFO.{answers}", f"{api}.DIRECT.GET.{answers}.>", f"{api}.DIRECT.GET.{answers}",
+                    f"{api}.STREAM.MSG.GET.{answers}"]
+    aggregator = f"{P}_aggregator"
     if role == "router":
-        # the answers bucket: a cancelled question's answer is the router's to claim
-        return {"publish": {"allow": [f"{p}.work.>", f"{p}.cancel", f"{p}.dead.>", f"$KV.{p}_requests.>",
-                                      f"$KV.{p}_answers.>", *js],
-                            "deny": [take_work, take_results]},
-                "subscribe": {"allow": [f"{p}.out.>", f"{p}.status.>", "_INBOX.>"]}}
+        streams = [work, results, f"{P}_DEAD", requests, answers]
+        declare = [*(f"{api}.STREAM.{verb}.{s}" for s in streams for verb in ("CREATE", "INFO")),
+                   # the durable consumers by name (nats-py's legacy subject, and the named one of newer clients)
+                   f"{api}.CONSUMER.DURABLE.CREATE.{work}.*", f"{api}.CONSUMER.CREATE.{work}.*.>",
+                   f"{api}.CONSUMER.DURABLE.CREATE.{results}.{aggregator}",
+                   f"{api}.CONSUMER.CREATE.{results}.{aggregator}.>",
+                   # /metrics: each work consumer's backlog and the aggregator's
+                   f"{api}.CONSUMER.INFO.{work}.*", f"{api}.CONSUMER.INFO.{results}.{aggregator}"]
+        # the answers bucket: a cancelled question's answer is the router's to claim (and the winner's to read back)
+        return {"publish": {"allow": [f"{p}.work.>", f"{p}.cancel", f"$KV.{p}_requests.>", f"$KV.{p}_answers.>",
+                                      *declare, *read_answers]},
+                "subscribe": {"allow": [f"{p}.out.>", f"{p}.status.>", own_inbox]}}
     if role == "worker":
-        return {"publish": {"allow": [f"{p}.result.>", f"{p}.delta.>", f"{p}.status.>", f"{p}.dead.>", "$JS.ACK.>",
-                                      *js],
-                            "deny": [take_results, *read_answers]},
+        return {"publish": {"allow": [f"{p}.result.>", f"{p}.delta.>", f"{p}.status.>", f"{p}.dead.>",
+                                      f"$JS.ACK.{work}.>", f"{api}.CONSUMER.INFO.{work}.*",
+                                      f"{api}.CONSUMER.MSG.NEXT.{work}.*"]},
                 # the other workers' status: which partitions have no live worker (worker.py serves those first)
-                "subscribe": {"allow": [f"{p}.cancel", f"{p}.status.>", "_INBOX.>"]}}
-    return {"publish": {"allow": [f"{p}.out.>", f"{p}.dead.>", f"$KV.{p}_answers.>", "$JS.ACK.>", *js],
-                        "deny": [take_work]},
-            "subscribe": {"allow": [f"{p}.delta.>", "_INBOX.>"]}}
+                "subscribe": {"allow": [f"{p}.cancel", f"{p}.status.>", own_inbox]}}
+    return {"publish": {"allow": [f"{p}.out.>", f"{p}.dead.>", f"$KV.{p}_answers.>", f"$JS.ACK.{results}.>",
+                                  f"{api}.CONSUMER.INFO.{results}.{aggregator}",
+                                  f"{api}.CONSUMER.MSG.NEXT.{results}.{aggregator}", *read_answers,
+                                  f"{api}.STREAM.INFO.{requests}", f"{api}.CONSUMER.CREATE.{requests}",
+                                  f"{api}.CONSUMER.CREATE.{requests}.>", f"{api}.CONSUMER.INFO.{requests}.*",
+                                  f"{api}.CONSUMER.DELETE.{requests}.*", f"$JS.FC.{requests}.>"]},
+            "subscribe": {"allow": [f"{p}.delta.>", own_inbox]}}
 
 
 def nats_config(users: dict[str, RoleUser], prefix: str) -> str:

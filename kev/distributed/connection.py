@@ -1,7 +1,9 @@
 """Connecting to NATS (credentials, TLS, retries) and declaring the streams, consumers and buckets.
 
-Every role declares the whole topology on connect; the declarations are idempotent, so the
-roles can start in any order. A connection reconnects forever once it is up; the first
+The router declares the whole topology on connect (idempotent: several routers may); workers and
+the aggregator look up the consumers and buckets they use, and wait until a router has declared
+them, so the roles can start in any order and only the router needs the JetStream API's create
+calls (kev/distributed/bus_auth.py). A connection reconnects forever once it is up; the first
 connect is retried by connect_forever() until it succeeds or the role stops.
 """
 from __future__ import annotations
@@ -11,23 +13,30 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 
 from kev.config.deploy_config import DeployConfig
+from kev.distributed.bus_auth import inbox_prefix
 from kev.distributed.messages import use_cluster_secret
 from kev.distributed.subjects import Topology
+from kev.errors import KevError
 
 log = logging.getLogger("kev.distributed")
 # What a call to NATS raises when NATS is away or slow (it comes back by itself): caught where a retry follows.
 # Anything else is a bug and propagates.
 NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, OSError, asyncio.TimeoutError)
 Callback = Callable[[], Awaitable[None]]
+Role = Literal["router", "worker", "aggregator"]
+
+
+class NotDeclared(KevError):
+    """The streams, consumers or buckets a worker or aggregator uses are not there yet: a router declares them."""
 
 
 def topology_of(deploy: DeployConfig) -> Topology:
@@ -45,10 +54,11 @@ def tls_context(deploy: DeployConfig) -> ssl.SSLContext | None:
     return context
 
 
-def connect_options(deploy: DeployConfig, name: str) -> dict[str, Any]:
-    """nats.connect() keyword arguments: servers, credentials, TLS, reconnect forever."""
+def connect_options(deploy: DeployConfig, name: str, role: Role) -> dict[str, Any]:
+    """nats.connect() keyword arguments: servers, credentials, TLS, reconnect forever, the role's own inboxes."""
     options: dict[str, Any] = {
         "servers": [u.strip() for u in (deploy.nats_url or "").split(",")], "name": name,
+        "inbox_prefix": inbox_prefix(role, deploy.subject_prefix),
         "allow_reconnect": True, "max_reconnect_attempts": -1, "reconnect_time_wait": 0.25, "connect_timeout": 2,
         "ping_interval": 5, "max_outstanding_pings": 2,
     }
@@ -68,22 +78,35 @@ def connect_options(deploy: DeployConfig, name: str) -> dict[str, Any]:
 
 @dataclass
 class Link:
-    """One role's connection: the client, its JetStream context and the two KV buckets."""
+    """One role's connection: the client, its JetStream context and the two KV buckets (a worker's has none)."""
 
     nc: Client
     js: JetStreamContext
     topology: Topology
-    requests: KeyValue
-    answers: KeyValue
+    buckets: tuple[KeyValue, KeyValue] | None  # requests, answers
 
     @property
     def is_connected(self) -> bool:
         return self.nc.is_connected
 
+    @property
+    def requests(self) -> KeyValue:
+        return self._bucket(0)
 
-async def connect(deploy: DeployConfig, name: str, on_disconnect: Callback | None = None,
+    @property
+    def answers(self) -> KeyValue:
+        return self._bucket(1)
+
+    def _bucket(self, which: int) -> KeyValue:
+        if self.buckets is None:
+            raise KevError("a worker's link has no KV buckets (it never reads or writes them)")
+        return self.buckets[which]
+
+
+async def connect(deploy: DeployConfig, name: str, role: Role, on_disconnect: Callback | None = None,
                   on_reconnect: Callback | None = None) -> Link:
-    """One attempt: connect, declare the topology. Raises if NATS is unreachable."""
+    """One attempt: connect, declare the topology (the router) or find it (the others). Raises if NATS is
+    unreachable, NotDeclared if no router has declared the topology yet."""
     use_cluster_secret(deploy.cluster_secret)  # this process's messages are tagged, and checked, from here on
 
     async def quiet(err: Exception) -> None:  # nats-py prints a traceback per failed reconnect otherwise
@@ -101,25 +124,42 @@ async def connect(deploy: DeployConfig, name: str, on_disconnect: Callback | Non
         if on_reconnect is not None:
             await on_reconnect()
 
-    nc = await nats.connect(**connect_options(deploy, name), error_cb=quiet, disconnected_cb=disconnected,
+    nc = await nats.connect(**connect_options(deploy, name, role), error_cb=quiet, disconnected_cb=disconnected,
                             reconnected_cb=reconnected)
     try:
         topology = topology_of(deploy)
         js = nc.jetstream(timeout=5)
-        requests, answers = await declare(js, topology, deploy)
+        if role == "router":
+            buckets: tuple[KeyValue, KeyValue] | None = await declare(js, topology, deploy)
+        else:
+            buckets = await find(js, topology, role)
+    except NotFoundError as err:
+        await nc.close()
+        raise NotDeclared(f"{err.description or err}: not declared yet (a router declares the cluster's streams, "
+                          "consumers and buckets when it connects)") from err
     except BaseException:
         await nc.close()
         raise
-    return Link(nc, js, topology, requests, answers)
+    return Link(nc, js, topology, buckets)
 
 
-async def connect_forever(deploy: DeployConfig, name: str, stopping: asyncio.Event,
+def warn_untagged(deploy: DeployConfig, name: str) -> None:
+    """Once, as a role starts: without deploy.cluster_secret its messages go untagged and untagged ones are read."""
+    if deploy.cluster_secret is None:
+        log.warning("%s: no deploy.cluster_secret: messages between roles are not authenticated (no tags); only the "
+                    "NATS users and permissions stand between this cluster and a forged work item or answer", name)
+
+
+async def connect_forever(deploy: DeployConfig, name: str, role: Role, stopping: asyncio.Event,
                           **callbacks: Callback) -> Link | None:
     """connect() until it works (None if `stopping` is set first)."""
+    warn_untagged(deploy, name)
     delay = 0.2
     while not stopping.is_set():
         try:
-            return await connect(deploy, name, **callbacks)
+            return await connect(deploy, name, role, **callbacks)
+        except NotDeclared as err:
+            log.info("%s: %s; waiting", name, err)
         except Exception as err:  # unreachable, refused, not JetStream yet: all mean "try again"
             log.info("%s: NATS at %s not reachable (%s: %s); retrying", name, deploy.nats_url, type(err).__name__, err)
         try:
@@ -127,6 +167,17 @@ async def connect_forever(deploy: DeployConfig, name: str, stopping: asyncio.Eve
         except TimeoutError:
             delay = min(delay * 2, 2.0)
     return None
+
+
+async def find(js: JetStreamContext, topology: Topology, role: Role) -> tuple[KeyValue, KeyValue] | None:
+    """A worker's or aggregator's part of the topology, as a router declared it (NotFoundError if not yet): a
+    worker pulls the work consumers and uses no bucket; the aggregator pulls its results consumer and uses both."""
+    if role == "worker":
+        for durable, _ in topology.work_consumers():
+            await js.consumer_info(topology.work_stream, durable)
+        return None
+    await js.consumer_info(topology.results_stream, topology.aggregator_consumer)
+    return await js.key_value(topology.requests_bucket), await js.key_value(topology.answers_bucket)
 
 
 async def declare(js: JetStreamContext, topology: Topology, deploy: DeployConfig) -> tuple[KeyValue, KeyValue]:

@@ -80,7 +80,7 @@ class RouterLink:
         return self.link.answers if self.link is not None else None
 
     async def run(self) -> None:
-        link = await connect_forever(self.deploy, f"kev-router-{self.router_id}", self._stopping,
+        link = await connect_forever(self.deploy, f"kev-router-{self.router_id}", "router", self._stopping,
                                      on_reconnect=self._after_reconnect)
         if link is None:
             return

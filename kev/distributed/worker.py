@@ -60,7 +60,7 @@ class Worker:
 
     async def run(self, grace_s: float = 30.0) -> None:
         deploy = self.config.deploy
-        link = await connect_forever(deploy, f"kev-worker-{self.worker_id}", self.stopping)
+        link = await connect_forever(deploy, f"kev-worker-{self.worker_id}", "worker", self.stopping)
         if link is None:
             return
         self.link, topology = link, link.topology

@@ -85,7 +85,7 @@ def sampling_of(sampling: SamplingParams | None, options: Mapping[str, Any]) -> 
     return sampling
 
 
-REQUEST_OPTIONS = ("isolation", "max_parallel", "timeout_ms", "system", "tenant")  # submit()'s own keywords
+REQUEST_OPTIONS = ("isolation", "max_parallel", "timeout_ms", "system", "tenant", "work_class")  # submit()'s own
 
 
 def split_submit(sampling: SamplingParams | None, options: Mapping[str, Any]) -> tuple[SamplingParams, dict[str, Any]]:

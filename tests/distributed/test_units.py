@@ -214,3 +214,67 @@ def test_cluster_status_says_starting_until_each_process_is_ready(tmp_path, caps
     states = {s.name: s for s in read_status(tmp_path)}
     assert states["router"].state == "running" and states["router"].ready_at is not None
     assert states["worker0"].state == "starting" and states["worker0"].ready_at is None
+
+
+def test_a_batch_lines_class_and_tenant_travel_to_the_workers_engine() -> None:
+    """Cluster mode schedules as single mode does: a server batch's line (work_class="batch", its tenant) keeps both
+    through the router's submit (split_submit keeps them as request options, which the work item carries, tagged
+    with the rest of it) and the worker hands them to its engine's submit, whose scheduler puts live before batch
+    and shares channels between tenants."""
+    from types import SimpleNamespace
+
+    from kev.distributed.worker import Worker
+    from kev.engine.sampling_params import SamplingParams, split_submit
+    from kev.errors import InvalidRequestError
+
+    sampling, options = split_submit(SamplingParams(max_tokens=4), {"tenant": "bob", "work_class": "batch"})
+    assert options == {"tenant": "bob", "work_class": "batch"} and sampling.max_tokens == 4
+    sent = item(sampling=sampling.to_json(), options=options)
+    received = decode(WorkItem, sent.encode())
+
+    class Engine:
+        seen: dict[str, object] = {}
+
+        def subscribe(self, listener: object) -> None:
+            pass
+
+        def submit(self, queries: list[object], sampling: SamplingParams | None = None, **options: object) -> str:
+            Engine.seen = {"queries": queries, "sampling": sampling, **options}
+            raise InvalidRequestError("recorded")  # the question's answer is this error: enough here
+
+    class Delivery:  # a JetStream delivery of the work item
+        metadata = SimpleNamespace(num_delivered=1)
+
+        async def ack(self) -> None:
+            pass
+
+    published: list[tuple[str, bytes]] = []
+
+    async def publish(subject: str, data: bytes) -> None:
+        published.append((subject, data))
+
+    worker = Worker(kev.load_config({}), Engine(), "w0", 0)  # type: ignore[arg-type]
+    worker.link = SimpleNamespace(js=SimpleNamespace(publish=publish), topology=Topology("kev", 1))  # type: ignore[assignment]
+    asyncio.run(worker._run_group([Job(received, Delivery(), "w0")]))  # type: ignore[arg-type]
+    assert Engine.seen["work_class"] == "batch" and Engine.seen["tenant"] == "bob"
+    assert Engine.seen["queries"] == ["hi"] and Engine.seen["sampling"].max_tokens == 4  # type: ignore[attr-defined]
+    assert [subject for subject, _ in published] == ["kev.result.r1"]
+
+
+def test_a_role_without_a_cluster_secret_warns_once_naming_the_setting(caplog: pytest.LogCaptureFixture) -> None:
+    """An operator-run NATS without deploy.cluster_secret: messages go untagged (the config allows it; the NATS
+    users and permissions are then the only check), and each role says so once as it starts."""
+    import logging
+
+    from kev.config.deploy_config import DeployConfig
+    from kev.distributed.connection import connect_forever
+
+    stopping = asyncio.Event()
+    stopping.set()  # no connection attempt: only what a role says as it starts
+    for secret, expected in ((None, 1), ("s" * 40, 0)):
+        caplog.clear()
+        deploy = DeployConfig(mode="distributed", nats_url="nats://127.0.0.1:1", cluster_secret=secret)
+        with caplog.at_level(logging.WARNING, logger="kev.distributed"):
+            assert asyncio.run(connect_forever(deploy, "kev-worker-w0", "worker", stopping)) is None
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == expected and all("deploy.cluster_secret" in w for w in warnings), warnings

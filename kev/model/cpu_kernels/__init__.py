@@ -29,7 +29,21 @@ def build_dir(cache: Path) -> Path:
     for source in sorted(Path(__file__).parent.glob("*.[ch]*")):  # sources and the header they share
         digest.update(source.read_bytes())
     digest.update(" ".join(FLAGS + [torch.__version__]).encode())
+    digest.update(b"sources staged in the folder")  # not the folders of older Kevs, which built from the checkout
     return cache / "kernels" / digest.hexdigest()[:16]
+
+
+def _staged_sources(folder: Path) -> list[str]:
+    """The sources copied into the build folder (once: the folder is named by their contents), built from there.
+    torch's build.ninja names each source by its path: two checkouts of the same sources (worktrees) building
+    from their own paths rewrote it in turn, and each process then rebuilt every kernel (minutes per start)."""
+    staged = folder / "src"
+    staged.mkdir(exist_ok=True)
+    for source in Path(__file__).parent.glob("*.[ch]*"):
+        target, data = staged / source.name, source.read_bytes()
+        if not target.exists() or target.read_bytes() != data:
+            target.write_bytes(data)
+    return [str(staged / source.name) for source in SOURCES]
 
 
 def load_cpu_kernels(cache: Path) -> bool:
@@ -60,7 +74,7 @@ def _build(folder: Path) -> bool:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with _one_builder(folder):
-            load(name="kev_kernels", sources=[str(s) for s in SOURCES], extra_cflags=FLAGS,
+            load(name="kev_kernels", sources=_staged_sources(folder), extra_cflags=FLAGS,
                  extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False, verbose=False)
     except Exception as error:  # noqa: BLE001 - any build failure means: run on torch ops, loudly
         log.warning("Kev's C++ kernels could not be built (%s: %s); decode attention runs on torch SDPA",
