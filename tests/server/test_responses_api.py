@@ -94,6 +94,33 @@ def test_stored_responses_are_each_tenants_own() -> None:
     assert store.get("a", "resp_1") is None  # the oldest goes past capacity
 
 
+def test_a_tenant_storing_many_responses_evicts_its_own_never_anothers() -> None:
+    """Per tenant as retained results are (sharing.tenant_max_retained_results): each tenant its share, its own
+    oldest going first past it; past the server's cap, the oldest of the tenant holding the most."""
+    from kev.config.sharing_config import SharingConfig
+
+    share = SharingConfig(weights={"a": 1, "b": 3})
+    store = ResponseStore(capacity=8, tenant_capacity=lambda t: share.tenant_limit(None, 8, t, ["a", "b"]))
+    for i in range(3):
+        store.put("b", Stored({"id": f"b{i}"}, []))
+    for i in range(10):  # a's share is 8 x 1/4 = 2
+        store.put("a", Stored({"id": f"a{i}"}, []))
+    assert [store.get("a", f"a{i}") is not None for i in range(10)] == [False] * 8 + [True] * 2
+    assert all(store.get("b", f"b{i}") is not None for i in range(3))  # a never pushed out b's
+    store.put("a", Stored({"id": "a9"}, []))  # storing an id again refreshes it, counts it once
+    assert store.held("a") == 2 and store.held("b") == 3
+    # Past the server's cap (tenants beyond the key list take the whole cap as share): the one holding the most
+    # gives up its oldest.
+    for i in range(5):
+        store.put("c", Stored({"id": f"c{i}"}, []))
+    assert store.held("a") + store.held("b") + store.held("c") == 8
+    assert (store.held("a"), store.held("b"), store.held("c")) == (2, 3, 3)  # c came to hold the most: c's went
+    assert store.get("c", "c1") is None and store.get("c", "c2") is not None
+    store.put("b", Stored({"id": "b3"}, []))  # now b holds the most: b's oldest goes
+    assert (store.held("a"), store.held("b"), store.held("c")) == (2, 3, 3) and store.get("b", "b0") is None
+    assert store.delete("c", "c4") and not store.delete("c", "c4") and store.held("c") == 2
+
+
 class Item(pydantic.BaseModel):
     sku: str
     qty: int
