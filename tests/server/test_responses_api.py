@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import openai
 import pydantic
@@ -122,18 +122,19 @@ def test_a_tenant_storing_many_responses_evicts_its_own_never_anothers() -> None
 
 
 class Item(pydantic.BaseModel):
-    sku: str
-    qty: int
+    # Bounded, as a real tool's arguments should be: the grammar (llguidance) enforces maxLength, minimum/maximum
+    # and minItems/maxItems, so the forced call ends in a few dozen tokens; the 135M model, given an unbounded list
+    # of unbounded strings, ran to max_output_tokens (openai-agents keeps these keywords in strict mode).
+    sku: str = pydantic.Field(max_length=12)
+    qty: int = pydantic.Field(ge=1, le=9)
 
 
-@pytest.mark.xfail(strict=False, reason="open (issue 38): the default 135M model's forced call for list[Item] runs to "
-                   "max_output_tokens (400), so the agent SDK stops with response.incomplete")
 def test_openai_agents_default_model_runs_a_tool_taking_a_list_of_models(openai_server: Any, model: str) -> None:
     import agents  # openai-agents (dev extra)
     seen: list[list[Item]] = []
 
     @agents.function_tool
-    def order(items: list[Item]) -> str:
+    def order(items: Annotated[list[Item], pydantic.Field(min_length=1, max_length=3)]) -> str:
         """Order items."""
         seen.append(items)
         return f"ordered {len(items)} items"
@@ -141,9 +142,15 @@ def test_openai_agents_default_model_runs_a_tool_taking_a_list_of_models(openai_
     client = openai.AsyncOpenAI(base_url=f"{openai_server.url}/v1", api_key="sk-kev-test", max_retries=0, timeout=120)
     agent = agents.Agent(name="shop", instructions="Order what the user asks for.", tools=[order],
                          model=agents.OpenAIResponsesModel(model=model, openai_client=client),
-                         model_settings=agents.ModelSettings(tool_choice="required", max_tokens=400, temperature=0))
+                         # one call: with parallel calls the forced grammar is an array of calls, which the model
+                         # fills with copies of the same call up to max_tokens
+                         model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False,
+                                                             max_tokens=400, temperature=0))
+    assert agent.reset_tool_choice  # after the call the SDK stops forcing one: the next turn may answer in text
     result = asyncio.run(agents.Runner.run(agent, "Order two apples.", max_turns=4))
-    assert seen and all(isinstance(item, Item) for item in seen[0])  # the nested models arrived validated
+    assert len(seen) == 1 and seen[0] and all(isinstance(item, Item) for item in seen[0])  # validated nested models
+    assert all(len(item.sku) <= 12 and 1 <= item.qty <= 9 for item in seen[0]) and len(seen[0]) <= 3
     outputs = [item for item in result.new_items if item.type == "tool_call_output_item"]
-    assert outputs and outputs[0].output.startswith("ordered")  # the result fed the next turn
-    assert isinstance(result.final_output, str)
+    assert len(outputs) == 1 and outputs[0].output == f"ordered {len(seen[0])} items"
+    assert len(result.raw_responses) == 2  # the forced call, then the turn its result fed (function_call_output)
+    assert isinstance(result.final_output, str) and result.final_output
