@@ -53,7 +53,8 @@ class ResponseStore:
     def get(self, tenant: str, response_id: str) -> Stored | None:
         """Only the tenant's own: another tenant's id is as unknown as a made-up one."""
         with self._lock:
-            return self._tenants.get(tenant, {}).get(response_id)
+            own = self._tenants.get(tenant)
+            return None if own is None else own.get(response_id)
 
     def delete(self, tenant: str, response_id: str) -> bool:
         with self._lock:
