@@ -24,7 +24,7 @@ from kev.batch.store import BatchStore
 from kev.errors import EngineFailedError, KevError
 from kev.model.tokenizer import Tokenizer
 from kev.server import routes_batch, routes_kev, routes_ops, routes_openai, routes_responses, routes_tokenizer
-from kev.wire.responses.store import ResponseStore
+from kev.wire.responses.store import MAX_STORED, ResponseStore
 from kev.backend.factory import EngineFactory, build_backend
 from kev.server.errors import install_handlers
 from kev.backend.metrics import ServerMetrics
@@ -74,7 +74,9 @@ def build_app(config: KevConfig, api_key: str | None = None, engine_factory: Eng
                   description="Many independent questions, one forward pass, isolated channels.")
     app.state.service = service
     app.state.batches = batches
-    app.state.responses = ResponseStore()
+    share = config.sharing  # each tenant's share of the stored responses, as of retained results (service.py)
+    app.state.responses = ResponseStore(
+        MAX_STORED, lambda t: share.tenant_limit(None, MAX_STORED, t, tenants.tenant_names))
     install_handlers(app)
     for router in (routes_kev.router, routes_openai.router, routes_responses.router, routes_tokenizer.router,
                    routes_batch.router,

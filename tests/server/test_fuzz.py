@@ -27,9 +27,6 @@ CHECKS = "all"
 EXCLUDED = "use_after_free"
 
 
-@pytest.mark.xfail(strict=False, reason="open (issue 38): schemathesis cannot make POST /v1/chat/completions bodies "
-                   "since speculative_config joined the schema ('Schema Error', x-bundled allOf/anyOf); every "
-                   "other operation passes (4,306 cases)")
 def test_schemathesis_finds_no_failure(start_server, tmp_path: Path) -> None:
     server: ServerProcess = start_server(CONFIG, api_key=KEY)
     st = Path(sys.executable).with_name("st")

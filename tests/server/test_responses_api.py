@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import openai
 import pydantic
@@ -94,19 +94,47 @@ def test_stored_responses_are_each_tenants_own() -> None:
     assert store.get("a", "resp_1") is None  # the oldest goes past capacity
 
 
+def test_a_tenant_storing_many_responses_evicts_its_own_never_anothers() -> None:
+    """Per tenant as retained results are (sharing.tenant_max_retained_results): each tenant its share, its own
+    oldest going first past it; past the server's cap, the oldest of the tenant holding the most."""
+    from kev.config.sharing_config import SharingConfig
+
+    share = SharingConfig(weights={"a": 1, "b": 3})
+    store = ResponseStore(capacity=8, tenant_capacity=lambda t: share.tenant_limit(None, 8, t, ["a", "b"]))
+    for i in range(3):
+        store.put("b", Stored({"id": f"b{i}"}, []))
+    for i in range(10):  # a's share is 8 x 1/4 = 2
+        store.put("a", Stored({"id": f"a{i}"}, []))
+    assert [store.get("a", f"a{i}") is not None for i in range(10)] == [False] * 8 + [True] * 2
+    assert all(store.get("b", f"b{i}") is not None for i in range(3))  # a never pushed out b's
+    store.put("a", Stored({"id": "a9"}, []))  # storing an id again refreshes it, counts it once
+    assert store.held("a") == 2 and store.held("b") == 3
+    # Past the server's cap (tenants beyond the key list take the whole cap as share): the one holding the most
+    # gives up its oldest.
+    for i in range(5):
+        store.put("c", Stored({"id": f"c{i}"}, []))
+    assert store.held("a") + store.held("b") + store.held("c") == 8
+    assert (store.held("a"), store.held("b"), store.held("c")) == (2, 3, 3)  # c came to hold the most: c's went
+    assert store.get("c", "c1") is None and store.get("c", "c2") is not None
+    store.put("b", Stored({"id": "b3"}, []))  # now b holds the most: b's oldest goes
+    assert (store.held("a"), store.held("b"), store.held("c")) == (2, 3, 3) and store.get("b", "b0") is None
+    assert store.delete("c", "c4") and not store.delete("c", "c4") and store.held("c") == 2
+
+
 class Item(pydantic.BaseModel):
-    sku: str
-    qty: int
+    # Bounded, as a real tool's arguments should be: the grammar (llguidance) enforces maxLength, minimum/maximum
+    # and minItems/maxItems, so the forced call ends in a few dozen tokens; the 135M model, given an unbounded list
+    # of unbounded strings, ran to max_output_tokens (openai-agents keeps these keywords in strict mode).
+    sku: str = pydantic.Field(max_length=12)
+    qty: int = pydantic.Field(ge=1, le=9)
 
 
-@pytest.mark.xfail(strict=False, reason="open (issue 38): the default 135M model's forced call for list[Item] runs to "
-                   "max_output_tokens (400), so the agent SDK stops with response.incomplete")
 def test_openai_agents_default_model_runs_a_tool_taking_a_list_of_models(openai_server: Any, model: str) -> None:
     import agents  # openai-agents (dev extra)
     seen: list[list[Item]] = []
 
     @agents.function_tool
-    def order(items: list[Item]) -> str:
+    def order(items: Annotated[list[Item], pydantic.Field(min_length=1, max_length=3)]) -> str:
         """Order items."""
         seen.append(items)
         return f"ordered {len(items)} items"
@@ -114,9 +142,15 @@ def test_openai_agents_default_model_runs_a_tool_taking_a_list_of_models(openai_
     client = openai.AsyncOpenAI(base_url=f"{openai_server.url}/v1", api_key="sk-kev-test", max_retries=0, timeout=120)
     agent = agents.Agent(name="shop", instructions="Order what the user asks for.", tools=[order],
                          model=agents.OpenAIResponsesModel(model=model, openai_client=client),
-                         model_settings=agents.ModelSettings(tool_choice="required", max_tokens=400, temperature=0))
+                         # one call: with parallel calls the forced grammar is an array of calls, which the model
+                         # fills with copies of the same call up to max_tokens
+                         model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False,
+                                                             max_tokens=400, temperature=0))
+    assert agent.reset_tool_choice  # after the call the SDK stops forcing one: the next turn may answer in text
     result = asyncio.run(agents.Runner.run(agent, "Order two apples.", max_turns=4))
-    assert seen and all(isinstance(item, Item) for item in seen[0])  # the nested models arrived validated
+    assert len(seen) == 1 and seen[0] and all(isinstance(item, Item) for item in seen[0])  # validated nested models
+    assert all(len(item.sku) <= 12 and 1 <= item.qty <= 9 for item in seen[0]) and len(seen[0]) <= 3
     outputs = [item for item in result.new_items if item.type == "tool_call_output_item"]
-    assert outputs and outputs[0].output.startswith("ordered")  # the result fed the next turn
-    assert isinstance(result.final_output, str)
+    assert len(outputs) == 1 and outputs[0].output == f"ordered {len(seen[0])} items"
+    assert len(result.raw_responses) == 2  # the forced call, then the turn its result fed (function_call_output)
+    assert isinstance(result.final_output, str) and result.final_output

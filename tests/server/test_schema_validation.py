@@ -89,6 +89,15 @@ def test_the_schema_says_the_cross_field_rules(client: TestClient) -> None:
     assert not validator.is_valid({**chat, "guided_regex": "a", "response_format": {"type": "json_object"}})
     assert not validator.is_valid({**chat, "messages": [{"role": "tool"}]})  # content only null with tool_calls
     assert not validator.is_valid({**chat, "tool_choice": "required"})  # needs tools
+    assert validator.is_valid({**chat, "guided_regex": "a", "guided_json": None})  # null is unset
+    assert not validator.is_valid({**chat, "guided_regex": "a", "guided_choice": ["b"]})  # at most one structure
+    assert not validator.is_valid({**chat, "structured_outputs": {"regex": "a"}, "guided_grammar": "b"})
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    forced = {**chat, "tools": [tool], "tool_choice": "required"}
+    assert validator.is_valid(forced) and validator.is_valid({**forced, "response_format": {"type": "text"}})
+    assert not validator.is_valid({**forced, "guided_regex": "a"})  # a forced call has its own grammar
+    assert not validator.is_valid({**forced, "response_format": {"type": "json_object"}})
+    assert validator.is_valid({**chat, "tools": [tool], "tool_choice": "auto", "guided_regex": "a"})
     completion = _validator(schema, "CompletionBody")
     assert not completion.is_valid({"model": chat["model"], "prompt": "x", "echo": True, "stream": True})
 

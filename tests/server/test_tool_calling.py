@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import httpx
 import jsonschema
@@ -165,20 +165,41 @@ class Payment(pydantic.BaseModel):
     method: Item | Order
 
 
-PYDANTIC_TOOLS: list[Any] = [openai.pydantic_function_tool(m) for m in (Order, Folder, Payment)]
+class Card(pydantic.BaseModel):
+    kind: Literal["card"]
+    last4: str = pydantic.Field(pattern=r"^[0-9]{4}$")
+
+
+class Transfer(pydantic.BaseModel):
+    kind: Literal["transfer"]
+    iban: str = pydantic.Field(max_length=34)
+
+
+class Refund(pydantic.BaseModel):
+    """Refund to a card or by transfer."""
+
+    # a discriminated union: pydantic writes oneOf (+ discriminator); llguidance enforces a oneOf whose branches
+    # it can tell apart (here by the const kind), and refuses one it cannot (test below)
+    to: Annotated[Card | Transfer, pydantic.Field(discriminator="kind")]
+
+
+PYDANTIC_TOOLS: list[Any] = [openai.pydantic_function_tool(m) for m in (Order, Folder, Payment, Refund)]
 
 
 def _valid_for_its_model(call: Any) -> None:
-    model = {"Order": Order, "Folder": Folder, "Payment": Payment}[call.function.name]
+    model = {"Order": Order, "Folder": Folder, "Payment": Payment, "Refund": Refund}[call.function.name]
     model.model_validate_json(call.function.arguments)  # raises when the grammar let anything else through
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "Order"}},
-                                         {"type": "function", "function": {"name": "Folder"}}, "auto"])
+                                         {"type": "function", "function": {"name": "Folder"}},
+                                         {"type": "function", "function": {"name": "Refund"}}, "auto"])
 def test_pydantic_function_tools_with_defs_refs_and_unions(client: openai.OpenAI, model: str,
                                                            tool_choice: Any) -> None:
-    """$defs/$ref (nested and recursive), anyOf, enums, nullable fields: every forced call validates as its model."""
+    """$defs/$ref (nested and recursive), anyOf, oneOf, enums, nullable fields: every forced call validates as its
+    model."""
     assert "$defs" in PYDANTIC_TOOLS[0]["function"]["parameters"]
+    assert "oneOf" in PYDANTIC_TOOLS[3]["function"]["parameters"]["properties"]["to"]
     reply = client.chat.completions.create(model=model, messages=ASK, tools=PYDANTIC_TOOLS, tool_choice=tool_choice,
                                            n=3, temperature=1.0, seed=5, max_tokens=160)
     for choice in reply.choices:
@@ -203,6 +224,14 @@ def test_a_schema_keyword_the_grammar_cannot_enforce_names_the_tool(client: open
         body: Any = caught.value.body
         assert body["param"] == "tools[2].function.parameters"
         assert "'tag'" in body["message"] and "uniqueItems" in body["message"]
+    # a oneOf whose branches overlap (an integer is also a number): "exactly one" is not a grammar, so it is refused,
+    # never loosened to anyOf
+    overlap = {"type": "function", "function": {"name": "measure", "parameters": {
+        "type": "object", "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=model, messages=ASK, tools=[overlap], tool_choice="required", max_tokens=4)
+    body = caught.value.body
+    assert body["param"] == "tools[0].function.parameters" and "oneOf" in body["message"]
 
 
 def test_a_forced_call_cut_by_max_tokens_comes_back_as_calls_with_finish_length(client: openai.OpenAI,

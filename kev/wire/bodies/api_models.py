@@ -94,31 +94,15 @@ class StructuredOutputs(_Body):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
-SPECULATIVE_ALIASES = (("max_draft", "num_speculative_tokens"), ("min_match", "prompt_lookup_min"),
-                       ("max_match", "prompt_lookup_max"))
-
-
 class Speculative(_Body):
-    """Prompt-lookup drafts for these questions (kev.engine.drafts): Kev's names or vLLM's speculative_config names.
-    Unset fields take the config's `speculative` section; method "off" turns its drafts off. Answers never change."""
+    """Prompt-lookup drafts for these questions (kev.engine.drafts), in Kev's names (the OpenAI routes take vLLM's
+    names, in speculative_config). Unset fields take the config's `speculative` section; method "off" turns its
+    drafts off. Answers never change."""
 
     method: Literal["off", "prompt_lookup", "ngram"] | None = None
-    max_draft: int | None = Field(None, ge=1, le=64)
-    num_speculative_tokens: int | None = Field(None, ge=1, le=64, description="vLLM's name of max_draft")
-    min_match: int | None = Field(None, ge=1, le=32)
-    prompt_lookup_min: int | None = Field(None, ge=1, le=32, description="vLLM's name of min_match")
-    max_match: int | None = Field(None, ge=1, le=32)
-    prompt_lookup_max: int | None = Field(None, ge=1, le=32, description="vLLM's name of max_match")
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra={"not": {"anyOf": [
-        {"required": list(pair)} for pair in SPECULATIVE_ALIASES]}})
-
-    @model_validator(mode="after")
-    def _one_name_each(self) -> Speculative:
-        for pair in SPECULATIVE_ALIASES:
-            if all(name in self.model_fields_set for name in pair):  # as the schema's `required`: null counts
-                raise ValueError(f"{pair[0]} and {pair[1]} name the same setting: set one")
-        return self
+    max_draft: int | None = Field(None, ge=1, le=64, description="tokens a draft may propose")
+    min_match: int | None = Field(None, ge=1, le=32, description="shortest n-gram looked up")
+    max_match: int | None = Field(None, ge=1, le=32, description="longest n-gram looked up")
 
     def engine(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

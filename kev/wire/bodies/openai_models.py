@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kev.engine.sampling_params import SamplingParams
-from kev.wire.bodies.api_models import (MAX_SEED, NonEmptyText, Speculative, Stop, StructuredOutputs, Temperature, Text,
-                                   whole_numbers)
+from kev.wire.bodies.api_models import (MAX_SEED, NonEmptyText, Stop, StructuredOutputs, Temperature, Text,
+                                        whole_numbers)
 from kev.wire.bodies.errors import ApiError
 from kev.wire.bodies.tool_schema import ToolCallIn, ToolCallOut, ToolChoice, ToolDef
 
@@ -40,6 +40,23 @@ class _OpenAIBody(BaseModel):
     @classmethod
     def _whole_numbers(cls, data: Any) -> Any:
         return whole_numbers(cls, data)  # 2.0 is the integer 2, as JSON Schema says
+
+
+class SpeculativeConfig(_OpenAIBody):
+    """vLLM's speculative_config (an engine argument there), per request here, in vLLM's names only (the Kev API's
+    `speculative` takes Kev's): prompt-lookup drafts that never change the answer. Unset fields take the config's
+    `speculative` section; method "off" turns its drafts off."""
+
+    # forbid, not ignore: a Kev name here (max_draft) or a draft model vLLM would load is refused by name
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    method: Literal["off", "ngram", "prompt_lookup"] | None = None
+    num_speculative_tokens: int | None = Field(None, ge=1, le=64, description="tokens a draft may propose")
+    prompt_lookup_min: int | None = Field(None, ge=1, le=32, description="shortest n-gram looked up")
+    prompt_lookup_max: int | None = Field(None, ge=1, le=32, description="longest n-gram looked up")
+
+    def engine(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)  # kev.engine.drafts.parse_speculative reads vLLM's names
 
 
 class TextPart(_OpenAIBody):
@@ -122,8 +139,8 @@ class _Sampling(_OpenAIBody):
     guided_choice: Annotated[list[NonEmptyText], Field(min_length=1)] | None = None
     guided_grammar: NonEmptyText | None = None
     # vLLM's engine argument, per request here: {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min":
-    # M, "prompt_lookup_max": N} (Kev's names too); drafts never change the answer.
-    speculative_config: Speculative | None = None
+    # M, "prompt_lookup_max": N}; drafts never change the answer.
+    speculative_config: SpeculativeConfig | None = None
 
     def check_supported(self) -> None:
         extra = self.model_extra or {}
