@@ -17,6 +17,8 @@ start-up:
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,9 +27,12 @@ from kev.model.quant_weight import QuantLinear
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
-    """oneDNN prepacking exists for CPU fp32 / bf16 weights."""
-    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available())
+    """oneDNN prepacking exists for CPU fp32 weights, and bf16 ones where oneDNN computes bf16 (AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT: an AVX2-only CPU such as Zen 3 has neither, and the reorder raises there)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16
+                                             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
 def can_use_kev_gemm(weight: torch.Tensor) -> bool:
@@ -47,7 +52,12 @@ class PackedWeight:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows_hint)
-        self.bias = bias
+        self.weight, self.bias, self.rows_hint = weight, bias, rows_hint  # the Linear's own (no second copy)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> PackedWeight:
+        """A copied model (a tensor-parallel shard) packs its copy of the weight again: an mkldnn tensor has no
+        storage to copy."""
+        return PackedWeight(copy.deepcopy(self.weight, memo), copy.deepcopy(self.bias, memo), self.rows_hint)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
