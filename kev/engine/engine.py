@@ -8,10 +8,12 @@ into text, events and Results.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -44,6 +46,17 @@ from kev.model.step_metadata import StepMetadata
 
 log = logging.getLogger("kev.engine")
 
+# Engines whose loop thread still runs. A script that never closes its engine would otherwise exit with the loop
+# thread (a daemon, owner of the OpenMP pool) still inside torch while the interpreter tears down, which can abort
+# the process ("terminate called without an active exception"); atexit runs before daemon threads are stopped.
+_running: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_running_engines() -> None:
+    for engine in list(_running):
+        engine.close()
+
 
 class Engine(RequestFront[Request]):
     def __init__(self, config: KevConfig, parts: EngineParts | None = None, record_logits: bool = False,
@@ -69,6 +82,8 @@ class Engine(RequestFront[Request]):
             self._setup(config, parts or build_parts(config), record_logits)
         finally:
             self._started.set()
+        if self._thread is not None:
+            _running.add(self)
 
     def _setup(self, config: KevConfig, parts: EngineParts, record_logits: bool) -> None:
         self.parts = parts
@@ -187,6 +202,7 @@ class Engine(RequestFront[Request]):
             self._closed = True
             self.cancel_unfinished()
             self._lock.notify_all()
+        _running.discard(self)
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.runner.close()
