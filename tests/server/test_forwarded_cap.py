@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
+from harness import wait_until
 
 from kev.config.server_config import ServerConfig
 from kev.server.slow_clients import guarded_h11
@@ -49,18 +49,11 @@ def served() -> Iterator[tuple[str, HoldingApp, Any]]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    wait_until(lambda: server.started, "the server started")
+    wait_until(lambda: server.started, what="the server started")
     yield f"http://127.0.0.1:{sock.getsockname()[1]}", app, protocol.book
     app.release.set()
     server.should_exit = True
     thread.join(60)
-
-
-def wait_until(condition: Any, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.02)
 
 
 def get(url: str, forwarded_for: str | None = None, source: str = "127.0.0.1") -> httpx.Response:
@@ -75,7 +68,7 @@ def test_a_client_behind_a_trusted_proxy_is_capped_by_its_forwarded_address(serv
     threads = [threading.Thread(target=lambda: held.append(get(f"{url}/hold", CLIENT))) for _ in range(2)]
     for thread in threads:
         thread.start()
-    wait_until(lambda: app.held == 2, "two requests of one client held")  # the client's cap of 2, both in use
+    wait_until(lambda: app.held == 2, what="two requests of one client held")  # the client's cap of 2, both in use
     refused = get(f"{url}/now", CLIENT)
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
     assert CLIENT in refused.text and "max_connections_per_client=2" in refused.text, refused.text
