@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kev.config.batch_config import BatchConfig
 from kev.config.deploy_config import DeployConfig
-from kev.config.precision import pick_precision
+from kev.config.precision import activation_precision, pick_precision
 from kev.config.server_config import ServerConfig
 from kev.config.sharing_config import SharingConfig
 from kev.config.speculative_config import SpeculativeConfig
@@ -145,8 +145,10 @@ class CoreConfig(_Section):
     model_path: str = "smollm2-135m-instruct"
     # Overrides the model folder's chat template: a file path, or the Jinja template itself.
     chat_template: str | None = None
-    # auto: bf16 where the device computes it natively (avx512_bf16 / AMX, CUDA), else fp32. int8: weight-only
-    # (int8 weights, one scale per output channel; activations and K/V in bf16, fp16 on CUDA without bf16).
+    # auto: on a CPU, a .gguf model (the default's alias included) runs gguf, as llama.cpp runs the file's own
+    # weights; a Hugging Face folder runs bf16 where the device computes it natively (avx512_bf16 / AMX, CUDA), else
+    # fp32. int8: weight-only (int8 weights, one scale per output channel; activations and K/V in bf16 where native,
+    # fp32 on a CPU without it, fp16 on CUDA without bf16).
     # w8a8: those int8 weights times per-row int8 activations (model/quant_weight.py). gguf: a .gguf model's own
     # Q8_0 / Q4_0 / Q4_1 blocks times per-row int8 activations (other block types dequantized to bf16).
     precision: Literal["auto", "fp32", "bf16", "fp16", "int8", "w8a8", "gguf"] = "auto"
@@ -191,8 +193,13 @@ class CoreConfig(_Section):
 
     @property
     def resolved_precision(self) -> str:
-        """precision with auto resolved for this machine: fp32 | bf16 | fp16 | int8 | w8a8 | gguf."""
-        return pick_precision(self.precision, self.device)
+        """precision with auto resolved for this machine and model: fp32 | bf16 | fp16 | int8 | w8a8 | gguf."""
+        return pick_precision(self.precision, self.device, self.model_path)
+
+    @property
+    def activation_precision(self) -> str:
+        """The dtype activations and K/V take: fp32 | bf16 | fp16 (quantized weights compute in a float dtype)."""
+        return activation_precision(self.resolved_precision, self.device)
 
     @model_validator(mode="after")
     def _chunk_fits_budget(self) -> CoreConfig:

@@ -32,7 +32,7 @@ class RouterModel:
 def load_router_model(config: KevConfig) -> RouterModel:
     folder = resolve_model_path(config.core.model_path)
     tokenizer = Tokenizer.from_folder(folder, config.core.chat_template)  # the workers' template: same prompts
-    weight = _embedding_table(folder).float().to(DTYPES[config.core.resolved_precision])  # as load_model leaves it
+    weight = _embedding_table(folder).float().to(DTYPES[config.core.activation_precision])  # as load_model leaves it
     return RouterModel(tokenizer, MeanEmbedder(weight, tokenizer), ModelConfig.from_folder(folder).vocab_size)
 
 

@@ -52,7 +52,7 @@ def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
     precision = core.resolved_precision
     if precision == "fp16" and device.type == "cpu":
         raise ConfigError("core.precision: fp16 needs a CUDA device (core.device is cpu); use fp32, bf16 or auto")
-    log.info("precision: %s", describe_precision(core.precision, core.device))
+    log.info("precision: %s", describe_precision(core.precision, core.device, core.model_path))
     gguf = gguf_source(core.model_path) if precision == "gguf" else None
     if precision == "gguf" and gguf is None:
         raise ConfigError(f"core.precision: gguf needs a .gguf model (core.model_path {core.model_path!r} is a "
@@ -118,7 +118,7 @@ def _gpu_budget(config: KevConfig, model: LlamaModel, num_blocks: int) -> int:
     the channels need); too small for one channel's context is a config error naming both."""
     core, shape = config.core, model.config
     per_block = core.block_size * 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * \
-        KV_BYTES[core.resolved_precision]
+        KV_BYTES[core.activation_precision]
     total = torch.cuda.get_device_properties(model.device).total_memory
     fits = gpu_budget_blocks(core.gpu_memory_utilization or 1.0, total, torch.cuda.memory_allocated(model.device),
                              per_block)

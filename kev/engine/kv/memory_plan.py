@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 # gguf: an upper bound (Q8_0 blocks, 34 bytes per 32 weights, rounded up); Q4 blocks take about 0.6 byte.
 WEIGHT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "w8a8": 1, "gguf": 2}
-# int8, w8a8 and gguf quantise weights: K/V stay 16-bit.
-KV_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 2, "w8a8": 2, "gguf": 2}
+# Bytes of one K/V or activation value, by the activation dtype (CoreConfig.activation_precision: int8, w8a8 and
+# gguf quantise weights only, their K/V are 16-bit, or fp32 on a CPU without native bf16).
+KV_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 # The headroom rule: keep free one step's activations (estimated from the shapes) plus 10% of the
 # device (at least 1 GiB) for temporaries, allocator fragmentation and the framework's own use.
@@ -50,6 +51,7 @@ class ModelShape:
 class PlanInputs:
     shape: ModelShape
     precision: str
+    kv_precision: str  # the dtype of K/V and activations (CoreConfig.activation_precision)
     max_context: int
     block_size: int
     channels: int  # router.max_parallel_queries: channels in one forward
@@ -108,14 +110,14 @@ def shape_of(cfg: ModelConfig, source: str = "") -> ModelShape:
                       cfg.vocab_size, cfg.intermediate_size, source, cfg.linear_params, cfg.linear_outputs)
 
 
-def weight_bytes(s: ModelShape, precision: str) -> int | None:
+def weight_bytes(s: ModelShape, precision: str, kv_precision: str) -> int | None:
     """What the engine holds for the weights (LlamaModel.weight_bytes). int8: linear weights one byte each plus an
-    fp32 scale per output channel, norms in the 16-bit compute dtype (output widths are taken as multiples of 16,
-    the packing's blocks)."""
+    fp32 scale per output channel, norms in the compute dtype, kv_precision (output widths are taken as multiples of
+    16, the packing's blocks)."""
     if s.num_params is None:
         return None
     if precision in ("int8", "w8a8") and s.linear_params is not None and s.linear_outputs is not None:
-        return s.linear_params + 4 * s.linear_outputs + 2 * (s.num_params - s.linear_params)
+        return s.linear_params + 4 * s.linear_outputs + KV_BYTES[kv_precision] * (s.num_params - s.linear_params)
     return s.num_params * WEIGHT_BYTES[precision]
 
 
@@ -123,7 +125,8 @@ def inputs_for(config: KevConfig, shape: ModelShape, typical_tokens: int = 512, 
                device_memory: int | None = None) -> PlanInputs:
     """The plan's inputs for a Kev config: the deployment sizes the engine will use."""
     core, router = config.core, config.router
-    return PlanInputs(shape=shape, precision=core.resolved_precision, max_context=core.max_context,
+    return PlanInputs(shape=shape, precision=core.resolved_precision,
+                      kv_precision=core.activation_precision, max_context=core.max_context,
                       block_size=core.block_size,
                       channels=router.max_parallel_queries, pool_size=router.channel_pool_size,
                       kv_cache=config.isolation.kv_cache, typical_tokens=typical_tokens, prefix_tokens=prefix_tokens,
@@ -156,10 +159,10 @@ def blocks(tokens: int, block_size: int) -> int:
 
 def make_plan(p: PlanInputs) -> MemoryPlan:
     s = p.shape
-    value_bytes = KV_BYTES[p.precision]
+    value_bytes = KV_BYTES[p.kv_precision]
     per_token = 2 * s.num_layers * s.num_kv_heads * s.head_dim * value_bytes
     per_token_article = 2 * s.num_layers * s.hidden_size * value_bytes
-    weights = weight_bytes(s, p.precision)
+    weights = weight_bytes(s, p.precision, p.kv_precision)
     pool_blocks = kv_pool_blocks(p.kv_cache, p.max_context, p.block_size, p.channels, p.pool_size, p.kv_cache_tokens)
     pool = pool_blocks * p.block_size * per_token
     activations = activation_bytes(p)
@@ -218,7 +221,7 @@ def activation_bytes(p: PlanInputs) -> int:
     intermediate = s.intermediate_size or 4 * s.hidden_size
     row = 2 * s.hidden_size + (s.num_heads + 2 * s.num_kv_heads) * s.head_dim + 2 * intermediate
     logits = p.channels * (s.vocab_size or 0) * 4
-    return p.max_step_tokens * row * KV_BYTES[p.precision] + logits
+    return p.max_step_tokens * row * KV_BYTES[p.kv_precision] + logits
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,

@@ -58,7 +58,7 @@ def test_grouped_query_attention_uses_kv_heads(capsys):
 def test_default_model_shapes_come_from_its_config_json(capsys):
     plan = plan_json(capsys, ["plan", "--json", "--device-memory", "8GiB"])
     assert (plan["num_layers"], plan["num_kv_heads"], plan["head_dim"]) == (30, 3, 64)
-    value_bytes = 2 if load_config({}).core.resolved_precision == "bf16" else 4  # precision auto
+    value_bytes = 4 if load_config({}).core.activation_precision == "fp32" else 2  # precision auto
     assert plan["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * value_bytes
     assert plan["fits"] is True and plan["channels_that_fit"] > 8
 
@@ -68,7 +68,7 @@ def shape() -> ModelShape:
 
 
 def inputs(**changes) -> PlanInputs:
-    base = dict(shape=shape(), precision="fp32", max_context=256, block_size=16, channels=4, pool_size=6,
+    base = dict(shape=shape(), precision="fp32", kv_precision="fp32", max_context=256, block_size=16, channels=4, pool_size=6,
                 kv_cache="split", typical_tokens=40, prefix_tokens=0, device_memory=None)
     return PlanInputs(**{**base, **changes})
 
