@@ -13,10 +13,12 @@ def describe(config: KevConfig, model: ModelConfig, num_blocks: int, device: str
     core, router = config.core, config.router
     kv_tokens = num_blocks * core.block_size
     precision = core.resolved_precision
-    kv_bytes = kv_tokens * 2 * model.num_layers * model.num_kv_heads * model.head_dim * KV_BYTES[core.activation_precision]
+    kv_bytes = kv_tokens * 2 * model.num_layers * model.num_kv_heads * model.head_dim * \
+        KV_BYTES[core.activation_precision]
     return {"model": core.model_path, "architecture": model.model_type, "layers": model.num_layers,
             "params": model.num_params, "precision": precision,
-            "precision_choice": describe_precision(core.precision, device, core.model_path), "device": device, "threads": threads,
+            "precision_choice": describe_precision(core.precision, device, core.model_path),
+            "device": device, "threads": threads,
             "max_parallel": router.max_parallel_queries, "channel_pool": router.channel_pool_size,
             "max_context": core.max_context, "isolation": config.isolation.level, "kv_cache": config.isolation.kv_cache,
             "kv_blocks": num_blocks, "block_size": core.block_size, "kv_tokens": kv_tokens, "kv_bytes": kv_bytes,

@@ -68,7 +68,8 @@ def shape() -> ModelShape:
 
 
 def inputs(**changes) -> PlanInputs:
-    base = dict(shape=shape(), precision="fp32", kv_precision="fp32", max_context=256, block_size=16, channels=4, pool_size=6,
+    base = dict(shape=shape(), precision="fp32", kv_precision="fp32", max_context=256, block_size=16,
+                channels=4, pool_size=6,
                 kv_cache="split", typical_tokens=40, prefix_tokens=0, device_memory=None)
     return PlanInputs(**{**base, **changes})
 
