@@ -1,7 +1,12 @@
 // The multiply-add peaks of this CPU, the yardstick every GEMM figure is a fraction of: register-only loops of
-// independent accumulators (enough to hide each instruction's latency), on one thread and on two, for
+// independent accumulators (enough to hide each instruction's latency), on one thread and on two, for each
+// instruction the compiler's -march=native has (an AVX2-only CPU such as Zen 3 gets the ymm rows only):
 //   vfmadd231ps zmm   16 fp32 multiply-adds          vdpbf16ps zmm   32 bf16 multiply-adds (fp32 sums)
 //   vpdpbusd zmm      64 int8 multiply-adds (u8·s8, int32 sums)
+//   vfmadd231ps ymm    8 fp32 multiply-adds          vpdpbusd ymm (AVX-VNNI)  32 int8 multiply-adds
+//   vpmaddubsw ymm    32 int8 multiply-adds (u8·s8, pairs summed into int16, saturating: llama.cpp's AVX2 q8 dot)
+//   vpmaddwd ymm      16 int16 multiply-adds (pairs summed into int32, exact: Kev's AVX2 block kernels take int8
+//                     sign-extended to int16, so this is their integer peak)
 // and, where the CPU has AMX (amx_tile, amx_bf16, amx_int8 in /proc/cpuinfo), the tile instructions on full 16 × 64-byte
 // tiles (4 independent accumulator tiles, 2 A and 2 B tiles):
 //   tdpbf16ps  16·16·32 = 8,192 bf16 multiply-adds      tdpbssd / tdpbusd  16·16·64 = 16,384 int8 multiply-adds.
@@ -31,6 +36,7 @@
 using Clock = std::chrono::steady_clock;
 
 // One thread's loop: `n` instructions (12 independent accumulators), the sink keeps the compiler honest.
+#if defined(__AVX512F__)
 long fma_loop(long n) {
   const __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
 #define INIT(i) __m512 f##i = _mm512_set1_ps(i);
@@ -43,6 +49,9 @@ long fma_loop(long n) {
   return static_cast<long>(s) & 1;
 }
 
+#endif
+
+#if defined(__AVX512BF16__)
 long bf16_loop(long n) {
   const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f80);
   R8(INIT)
@@ -53,6 +62,9 @@ long bf16_loop(long n) {
   return static_cast<long>(s) & 1;
 }
 
+#endif
+
+#if defined(__AVX512VNNI__)
 long vnni_loop(long n) {
   const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
 #define INITI(i) __m512i z##i = _mm512_set1_epi32(i);
@@ -64,6 +76,61 @@ long vnni_loop(long n) {
   R8(SUMI)
   return s & 1;
 }
+#endif
+
+// The ymm loops (AVX2, FMA; AVX-VNNI where built): the same 12 independent accumulators.
+#define INITY(i) __m256 y##i = _mm256_set1_ps(i);
+#define INITYI(i) __m256i w##i = _mm256_set1_epi32(i);
+long fma_ymm_loop(long n) {
+  const __m256 a = _mm256_set1_ps(1.0001f), b = _mm256_set1_ps(0.9999f);
+  R8(INITY)
+#define FMAY(i) y##i = _mm256_fmadd_ps(y##i, a, b); KEEP(y##i)
+  for (long k = 0; k < n / 12; ++k) { R8(FMAY) }
+  alignas(32) float out[8];
+  float s = 0;
+#define SUMY(i) _mm256_store_ps(out, y##i); s += out[0];
+  R8(SUMY)
+  return static_cast<long>(s) & 1;
+}
+
+long sum_ymm_int(const __m256i* v, int count) {
+  alignas(32) int32_t out[8];
+  long s = 0;
+  for (int i = 0; i < count; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(out), v[i]), s += out[0];
+  return s & 1;
+}
+
+// Each accumulator feeds its own next instruction (12 independent chains): an input that never changes would let the
+// compiler hoist the instruction out of the loop.
+long maddubs_loop(long n) {
+  const __m256i b = _mm256_set1_epi8(5);
+  R8(INITYI)
+#define MUBS(i) w##i = _mm256_maddubs_epi16(w##i, b); KEEP(w##i)
+  for (long k = 0; k < n / 12; ++k) { R8(MUBS) }
+#define LISTW(i) w##i,
+  const __m256i all[] = {R8(LISTW)};
+  return sum_ymm_int(all, 12);
+}
+
+long maddwd_loop(long n) {
+  const __m256i b = _mm256_set1_epi16(5);
+  R8(INITYI)
+#define MWD(i) w##i = _mm256_madd_epi16(w##i, b); KEEP(w##i)
+  for (long k = 0; k < n / 12; ++k) { R8(MWD) }
+  const __m256i all[] = {R8(LISTW)};
+  return sum_ymm_int(all, 12);
+}
+
+#if defined(__AVXVNNI__)
+long avx_vnni_loop(long n) {
+  const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(5);
+  R8(INITYI)
+#define DOTY(i) w##i = _mm256_dpbusd_avx_epi32(w##i, a, b); KEEP(w##i)
+  for (long k = 0; k < n / 12; ++k) { R8(DOTY) }
+  const __m256i all[] = {R8(LISTW)};
+  return sum_ymm_int(all, 12);
+}
+#endif
 
 // A dependent chain of 64-bit imul (3 cycles each on every x86 core of this project; a chain of `add $1` is no clock:
 // Golden Cove's renamer folds it to more than one a cycle). Returns the chain's links, so GHz = 3 × rate.
@@ -192,9 +259,21 @@ int main() {
     const auto row = [&](const char* name, double g, long macs) {
       std::printf("%-28s %8d %10.3f %12ld %12.1f\n", name, threads, g, macs, g * macs);
     };
+#if defined(__AVX512F__)
     row("vfmadd231ps zmm (fp32)", rate(threads, n, fma_loop), 16);
+#endif
+#if defined(__AVX512BF16__)
     row("vdpbf16ps zmm (bf16)", rate(threads, n, bf16_loop), 32);
+#endif
+#if defined(__AVX512VNNI__)
     row("vpdpbusd zmm (int8)", rate(threads, n, vnni_loop), 64);
+#endif
+    row("vfmadd231ps ymm (fp32)", rate(threads, n, fma_ymm_loop), 8);
+#if defined(__AVXVNNI__)
+    row("vpdpbusd ymm (AVX-VNNI int8)", rate(threads, n, avx_vnni_loop), 32);
+#endif
+    row("vpmaddubsw ymm (int8->int16)", rate(threads, n, maddubs_loop), 32);
+    row("vpmaddwd ymm (int16->int32)", rate(threads, n, maddwd_loop), 16);
 #if KEV_AMX
     if (threads == 1 && !amx_permitted()) {
       std::printf("AMX: the kernel refused ARCH_REQ_XCOMP_PERM; no tile rates\n");
