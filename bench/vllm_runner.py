@@ -2,7 +2,7 @@
 
 Input JSON: {"model": folder, "dtype": "bfloat16"|"float32", "max_model_len": n,
              "batches": [{"name", "prompts": [[token ids]], "max_tokens", "ignore_eos", "solo_only"}],
-             "solo": batch name}
+             "solo": batch name or null, "speculative_config": vLLM's speculative_config or null}
 Output JSON: {"batches": [{"name", "seconds", "token_ids": [[...]]}], "solo": [[...]] (that batch's prompts alone)}
 Every prompt is token ids made by Kev's tokenizer and chat template, so both engines see the same input.
 """
@@ -29,7 +29,8 @@ def generate(llm, prompts, max_tokens, ignore_eos):
 
 def main() -> None:
     spec = json.load(open(sys.argv[1]))
-    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["max_model_len"], seed=0)
+    extra = {"speculative_config": spec["speculative_config"]} if spec.get("speculative_config") else {}
+    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=spec["max_model_len"], seed=0, **extra)
     first = spec["batches"][0]
     generate(llm, first["prompts"][:2], 2, True)  # warm-up
     result = {"batches": [], "solo": []}
@@ -39,8 +40,9 @@ def main() -> None:
         seconds, ids = generate(llm, batch["prompts"], batch["max_tokens"], batch["ignore_eos"])
         result["batches"].append({"name": batch["name"], "seconds": seconds, "token_ids": ids})
         print(f"vllm {batch['name']}: {seconds:.2f} s", file=sys.stderr, flush=True)
-    solo = next(b for b in spec["batches"] if b["name"] == spec["solo"])
-    result["solo"] = [generate(llm, [p], solo["max_tokens"], solo["ignore_eos"])[1][0] for p in solo["prompts"]]
+    if spec.get("solo"):
+        solo = next(b for b in spec["batches"] if b["name"] == spec["solo"])
+        result["solo"] = [generate(llm, [p], solo["max_tokens"], solo["ignore_eos"])[1][0] for p in solo["prompts"]]
     json.dump(result, open(sys.argv[2], "w"))
 
 

@@ -6,6 +6,10 @@ The documents are generated here from a fixed seed (invoices, delivery notes, me
 the same on every machine. Plain answers come from the same engine with drafts turned off per request; each
 `--draft-rows` value is an engine on the same weights whose speculative.max_step_rows is that value (the adaptive
 policy's row budget), so one run measures where drafting stops paying as N grows.
+
+`--against vllm`: vLLM's CPU build on the same prompt ids (Kev's chat template), plain and with its `ngram`
+speculative method at the same draft length and match lengths, each in its own vLLM process; its drafted answers
+are compared with its own plain ones (vLLM reports no step counts here: those columns are empty).
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kev.bench.throughput import model_folder, prompt_ids
+from kev.bench.vllm_anchor import VllmBatch, run_vllm
 from kev.config import load_config
 from kev.engine.engine import Engine
 from kev.engine.engine_setup import build_parts
@@ -109,7 +115,8 @@ def _measure(engine: Engine, size: int, pool: list[str], speculative: dict[str, 
     return total
 
 
-def run_extraction(engine: Engine, sizes: list[int], draft_rows: list[int], progress: Progress) -> dict[str, Any]:
+def run_extraction(engine: Engine, sizes: list[int], draft_rows: list[int], progress: Progress,
+                   against_vllm: bool = False) -> dict[str, Any]:
     """engine: background=False; its config's speculative section gives max_draft and the match lengths."""
     pool = questions(max(sizes + [4]))
     spec = engine.config.speculative
@@ -134,9 +141,35 @@ def run_extraction(engine: Engine, sizes: list[int], draft_rows: list[int], prog
     finally:
         for other in drafted.values():
             other.close()
+    if against_vllm:
+        progress("vLLM: plain and ngram drafts", done, total)
+        rows += vllm_rows(engine, sizes, pool, on)
     return {"scenario": "extraction", "max_tokens": MAX_TOKENS, "max_draft": spec.max_draft,
             "match": [spec.min_match, spec.max_match], "rows": rows,
             "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def vllm_rows(engine: Engine, sizes: list[int], pool: list[str], on: dict[str, Any]) -> list[dict[str, Any]]:
+    """vLLM's rows: the same batches on the same prompt ids, plain, then with its ngram drafts (vLLM's names for Kev's
+    max_draft and match lengths). N = 1's four questions are four batches of one, timed together."""
+    batches = [VllmBatch(f"n{size}_{i}", [prompt_ids(engine, q) for q in batch], MAX_TOKENS, False)
+               for size in sizes for i, batch in enumerate(_batches(size, pool))]
+    ngram = {"method": "ngram", "num_speculative_tokens": on["max_draft"], "prompt_lookup_min": on["min_match"],
+             "prompt_lookup_max": on["max_match"]}
+    core = engine.config.core
+    runs = {path: {b["name"]: b for b in run_vllm(model_folder(engine), core.resolved_precision, core.max_context,
+                                                  batches, solo=None, speculative=speculative)["batches"]}
+            for path, speculative in (("vllm plain", None), ("vllm ngram", ngram))}
+    rows = []
+    for size in sizes:
+        names = [b.name for b in batches if b.name.startswith(f"n{size}_")]
+        measured = {path: {"seconds": sum(out[n]["seconds"] for n in names), "steps": None, "drafted": None,
+                           "accepted": None, "answers": [ids for n in names for ids in out[n]["token_ids"]]}
+                    for path, out in runs.items()}
+        for run in measured.values():
+            run["tokens"] = sum(len(ids) for ids in run["answers"])
+        rows += [_row(size, path, run, measured["vllm plain"]) for path, run in measured.items()]
+    return rows
 
 
 def _row(size: int, path: str, run: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +191,8 @@ def format_extraction(report: dict[str, Any]) -> str:
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in report["rows"]:
         acceptance = f"{r['acceptance']:.0%}" if r["acceptance"] is not None else "-"
+        steps, drafted, accepted = (r[k] if r[k] is not None else "-" for k in ("steps", "drafted", "accepted"))
         lines.append(f"| {r['n']} | {r['path']} | {r['tokens']} | {r['seconds']:.2f} | {r['tok_per_s']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['steps']} | {r['drafted']} | {r['accepted']} | {acceptance} | "
+                     f"{r['speedup']:.2f}x | {steps} | {drafted} | {accepted} | {acceptance} | "
                      f"{r['identical_to_plain']} |")
     return "\n".join(lines)

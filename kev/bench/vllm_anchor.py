@@ -35,11 +35,12 @@ def vllm_python() -> Path:
 
 
 def run_vllm(model_folder: Path, precision: str, max_model_len: int, batches: list[VllmBatch],
-             solo: str) -> dict[str, Any]:
-    """Runs every batch in one vLLM process, then the prompts of batch `solo` one by one.
+             solo: str | None, speculative: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Runs every batch in one vLLM process, then the prompts of batch `solo` (if any) one by one. speculative:
+    vLLM's speculative_config for the engine (e.g. {"method": "ngram", ...}), None for plain decoding.
     Returns {"batches": [{"name", "seconds", "token_ids"}], "solo": [[token ids]]}."""
     spec = {"model": str(model_folder), "dtype": VLLM_DTYPES[precision], "max_model_len": max_model_len,
-            "batches": [vars(b) for b in batches], "solo": solo}
+            "batches": [vars(b) for b in batches], "solo": solo, "speculative_config": speculative}
     with tempfile.TemporaryDirectory() as folder:
         spec_path, out_path = Path(folder, "spec.json"), Path(folder, "out.json")
         spec_path.write_text(json.dumps(spec))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="also write the JSON (routing: the markdown table) to this file")
 
 
+# The anchors each scenario can run beside Kev (any other --against is an error, never ignored).
+ANCHORS = {"throughput": {"vllm", "llamacpp"}, "mixed": {"vllm"}, "documents": {"vllm"}, "extraction": {"vllm"},
+           "routing": set()}
+
+
 def run(args: argparse.Namespace) -> int:
+    unsupported = sorted(set(args.against) - ANCHORS[args.scenario])
+    if unsupported:
+        print(f"kev bench: --against {unsupported[0]} does not run with --scenario {args.scenario} "
+              f"(it takes: {', '.join(sorted(ANCHORS[args.scenario])) or 'no anchor'})", file=sys.stderr)
+        return 2
     if args.scenario == "routing":
         return run_routing_scenario(args)
     if args.scenario == "documents":
@@ -170,7 +181,7 @@ def run_extraction_scenario(args: argparse.Namespace) -> int:
     draft_rows = [int(r) for r in args.draft_rows.split(",")]
     with progress_bar("loading the model") as bar, Engine(config, background=False) as engine:
         report = {**run_facts(config), "numerics_fingerprint": engine.runner.fingerprint,
-                  **run_extraction(engine, sizes, draft_rows, bar)}
+                  **run_extraction(engine, sizes, draft_rows, bar, against_vllm="vllm" in args.against)}
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report) if args.json else format_extraction(report))
