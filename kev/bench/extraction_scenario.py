@@ -83,10 +83,10 @@ def questions(count: int) -> list[str]:
     return [d.question(t) for d in docs for t in range(len(TASKS))][:count]
 
 
-def _run(engine: Engine, batch: list[str], speculative: dict[str, Any] | None) -> dict[str, Any]:
+def _run(engine: Engine, batch: list[str], speculative: dict[str, Any] | None, max_tokens: int) -> dict[str, Any]:
     """One batch (N = 1: each question alone, one after another): seconds, steps, tokens, drafts, answers."""
     load, steps = engine.load(), engine.num_steps
-    options: dict[str, Any] = {"max_tokens": MAX_TOKENS, "timeout": 3600, "timeout_ms": 600_000}
+    options: dict[str, Any] = {"max_tokens": max_tokens, "timeout": 3600, "timeout_ms": 600_000}
     if speculative is not None:
         options["speculative"] = speculative
     started = time.perf_counter()
@@ -108,15 +108,16 @@ def _batches(size: int, pool: list[str]) -> list[list[str]]:
     return [[q] for q in pool[:4]] if size == 1 else [pool[:size]]
 
 
-def _measure(engine: Engine, size: int, pool: list[str], speculative: dict[str, Any] | None) -> dict[str, Any]:
-    runs = [_run(engine, batch, speculative) for batch in _batches(size, pool)]
+def _measure(engine: Engine, size: int, pool: list[str], speculative: dict[str, Any] | None,
+             max_tokens: int) -> dict[str, Any]:
+    runs = [_run(engine, batch, speculative, max_tokens) for batch in _batches(size, pool)]
     total = {key: sum(r[key] for r in runs) for key in ("seconds", "steps", "tokens", "drafted", "accepted")}
     total["answers"] = [a for r in runs for a in r["answers"]]
     return total
 
 
 def run_extraction(engine: Engine, sizes: list[int], draft_rows: list[int], progress: Progress,
-                   against_vllm: bool = False) -> dict[str, Any]:
+                   against_vllm: bool = False, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     """engine: background=False; its config's speculative section gives max_draft and the match lengths."""
     pool = questions(max(sizes + [4]))
     spec = engine.config.speculative
@@ -131,28 +132,29 @@ def run_extraction(engine: Engine, sizes: list[int], draft_rows: list[int], prog
     try:
         for size in sizes:
             progress(f"N={size}: plain", done, total)
-            plain = _measure(engine, size, pool, OFF)
+            plain = _measure(engine, size, pool, OFF, max_tokens)
             rows.append(_row(size, "plain", plain, plain))
             done += 1
             for budget, other in drafted.items():
                 progress(f"N={size}: drafts, max_step_rows {budget}", done, total)
-                rows.append(_row(size, f"drafts rows<={budget}", _measure(other, size, pool, on), plain))
+                rows.append(_row(size, f"drafts rows<={budget}", _measure(other, size, pool, on, max_tokens), plain))
                 done += 1
     finally:
         for other in drafted.values():
             other.close()
     if against_vllm:
         progress("vLLM: plain and ngram drafts", done, total)
-        rows += vllm_rows(engine, sizes, pool, on)
-    return {"scenario": "extraction", "max_tokens": MAX_TOKENS, "max_draft": spec.max_draft,
+        rows += vllm_rows(engine, sizes, pool, on, max_tokens)
+    return {"scenario": "extraction", "max_tokens": max_tokens, "max_draft": spec.max_draft,
             "match": [spec.min_match, spec.max_match], "rows": rows,
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
-def vllm_rows(engine: Engine, sizes: list[int], pool: list[str], on: dict[str, Any]) -> list[dict[str, Any]]:
+def vllm_rows(engine: Engine, sizes: list[int], pool: list[str], on: dict[str, Any],
+              max_tokens: int) -> list[dict[str, Any]]:
     """vLLM's rows: the same batches on the same prompt ids, plain, then with its ngram drafts (vLLM's names for Kev's
     max_draft and match lengths). N = 1's four questions are four batches of one, timed together."""
-    batches = [VllmBatch(f"n{size}_{i}", [prompt_ids(engine, q) for q in batch], MAX_TOKENS, False)
+    batches = [VllmBatch(f"n{size}_{i}", [prompt_ids(engine, q) for q in batch], max_tokens, False)
                for size in sizes for i, batch in enumerate(_batches(size, pool))]
     ngram = {"method": "ngram", "num_speculative_tokens": on["max_draft"], "prompt_lookup_min": on["min_match"],
              "prompt_lookup_max": on["max_match"]}

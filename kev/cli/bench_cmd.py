@@ -46,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="router.max_parallel_queries (default: the largest size; mixed: 64)")
     parser.add_argument("--repeats", type=int, default=1, help="routing: runs per strategy (medians)")
     parser.add_argument("--sizes", default="1,4,8,16", help="numbers of questions, comma-separated")
-    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per question (EOS ignored)")
+    parser.add_argument("--max-tokens", type=int, default=64,
+                        help="new tokens per question (throughput: EOS ignored; mixed: default 128 and extraction: "
+                             "default 48, natural EOS)")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face batch path")
     parser.add_argument("--compare-precision", choices=["fp32", "bf16", "int8", "w8a8", "gguf"],
                         help="also run Kev at this core.precision (its own weights) at every N, side by side")
@@ -169,7 +171,7 @@ def run_documents_scenario(args: argparse.Namespace) -> int:
 
 
 def run_extraction_scenario(args: argparse.Namespace) -> int:
-    from kev.bench.extraction_scenario import SIZES, format_extraction, run_extraction
+    from kev.bench.extraction_scenario import MAX_TOKENS, SIZES, format_extraction, run_extraction
 
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes != "1,4,8,16" else list(SIZES)
     parallel = args.parallel or max(sizes)
@@ -181,7 +183,8 @@ def run_extraction_scenario(args: argparse.Namespace) -> int:
     draft_rows = [int(r) for r in args.draft_rows.split(",")]
     with progress_bar("loading the model") as bar, Engine(config, background=False) as engine:
         report = {**run_facts(config), "numerics_fingerprint": engine.runner.fingerprint,
-                  **run_extraction(engine, sizes, draft_rows, bar, against_vllm="vllm" in args.against)}
+                  **run_extraction(engine, sizes, draft_rows, bar, against_vllm="vllm" in args.against,
+                                   max_tokens=MAX_TOKENS if args.max_tokens == 64 else args.max_tokens)}
     if args.out:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report) if args.json else format_extraction(report))
