@@ -12,7 +12,7 @@ QUANTIZED = ("int8", "w8a8", "gguf")  # precisions whose weights are integers
 
 
 @cache
-def pick_precision(precision: str, device: str, model_path: str = "") -> str:
+def pick_precision(precision: str, device: str, model_path: str = "", tensor_parallel: int = 1) -> str:
     if precision != "auto":
         return precision
     if _uses_cuda(device):
@@ -20,7 +20,7 @@ def pick_precision(precision: str, device: str, model_path: str = "") -> str:
 
         # A GGUF's blocks have CPU kernels only (on CUDA they would run torch's reference ops): 16-bit floats.
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if names_gguf(model_path):
+    if names_gguf(model_path) and tensor_parallel == 1:  # tensor parallelism splits float or int8 weights only
         return "gguf"
     return "bf16" if cpu_bf16_flags() else "fp32"
 
@@ -50,9 +50,9 @@ def activation_precision(precision: str, device: str) -> str:
     return "bf16" if cpu_bf16_flags() else "fp32"
 
 
-def describe(precision: str, device: str, model_path: str = "") -> str:
+def describe(precision: str, device: str, model_path: str = "", tensor_parallel: int = 1) -> str:
     """The precision and, under auto, why it was picked (the start-up banner prints this)."""
-    picked = pick_precision(precision, device, model_path)
+    picked = pick_precision(precision, device, model_path, tensor_parallel)
     if precision != "auto":
         return picked
     if _uses_cuda(device):
@@ -62,6 +62,8 @@ def describe(precision: str, device: str, model_path: str = "") -> str:
     else:
         flags = cpu_bf16_flags()
         reason = "CPU has " + ", ".join(flags) if flags else "CPU has no native bf16"
+        if names_gguf(model_path):
+            reason += "; a .gguf model's blocks are not split by tensor_parallel"
     if picked in QUANTIZED:
         reason += f"; activations {activation_precision(picked, device)}"
     return f"{picked} (core.precision auto: {reason})"

@@ -194,7 +194,7 @@ class CoreConfig(_Section):
     @property
     def resolved_precision(self) -> str:
         """precision with auto resolved for this machine and model: fp32 | bf16 | fp16 | int8 | w8a8 | gguf."""
-        return pick_precision(self.precision, self.device, self.model_path)
+        return pick_precision(self.precision, self.device, self.model_path, self.tensor_parallel)
 
     @property
     def activation_precision(self) -> str:

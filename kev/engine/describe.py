@@ -17,7 +17,7 @@ def describe(config: KevConfig, model: ModelConfig, num_blocks: int, device: str
         KV_BYTES[core.activation_precision]
     return {"model": core.model_path, "architecture": model.model_type, "layers": model.num_layers,
             "params": model.num_params, "precision": precision,
-            "precision_choice": describe_precision(core.precision, device, core.model_path),
+            "precision_choice": describe_precision(core.precision, device, core.model_path, core.tensor_parallel),
             "device": device, "threads": threads,
             "max_parallel": router.max_parallel_queries, "channel_pool": router.channel_pool_size,
             "max_context": core.max_context, "isolation": config.isolation.level, "kv_cache": config.isolation.kv_cache,

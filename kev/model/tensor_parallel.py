@@ -106,6 +106,9 @@ def check_shardable(model: LlamaModel, world: int) -> None:
         for linear in _linears(layer.self_attn, layer.mlp):
             if type(linear) is not Linear:
                 raise ConfigError(f"core.tensor_parallel: {type(linear).__name__} layers are not split yet")
+            if linear.packed is not None and not isinstance(linear.packed, GemmWeight):
+                raise ConfigError("core.tensor_parallel: core.precision gguf and w8a8 hold their weights in blocks, "
+                                  "which are not split yet; use bf16, fp32 or int8")
 
 
 def shard_model(model: LlamaModel, group: TensorGroup) -> LlamaModel:

@@ -38,6 +38,12 @@ def test_a_gguf_model_runs_its_own_blocks(cpu_flags, tmp_path):
         assert "a .gguf model runs its own blocks" in precision.describe("auto", "cpu", "smollm2-135m-instruct")
 
 
+def test_tensor_parallel_keeps_floats_for_a_gguf(cpu_flags):
+    cpu_flags(())
+    assert core(tensor_parallel=2).resolved_precision == "fp32"
+    assert "not split by tensor_parallel" in precision.describe("auto", "cpu", "smollm2-135m-instruct", 2)
+
+
 def test_a_folder_follows_the_cpu_flags(cpu_flags, tmp_path):
     cpu_flags(("avx512_bf16",))
     assert core(model_path=str(tmp_path)).resolved_precision == "bf16"

@@ -88,6 +88,16 @@ def test_more_ranks_than_key_value_heads_is_a_config_error(default_model: Any) -
         tp_engine(default_model, {"core": {"tensor_parallel": 4}})
 
 
+def test_block_weights_are_a_config_error_and_auto_keeps_floats() -> None:
+    from kev.engine.engine_setup import load_model_and_tokenizer
+    from kev.model.tensor_parallel import check_shardable
+
+    model, _ = load_model_and_tokenizer(kev.load_config({"core": {"precision": "gguf", "max_context": 64}}))
+    with pytest.raises(kev.ConfigError, match=r"core\.tensor_parallel: core\.precision gguf and w8a8 hold"):
+        check_shardable(model, 2)
+    assert kev.load_config({"core": {"tensor_parallel": 2}}).core.resolved_precision != "gguf"
+
+
 def test_multi_gpu_replica_is_a_rank_group(solo: dict[str, Any]) -> None:
     from kev.engine.replicas import ReplicaEngine
 
