@@ -8,6 +8,7 @@ from rich.table import Table
 
 from kev.cli.common import add_config_flags, config_from_args, report_and_exit_code
 from kev.cli.progress import progress_bar
+from kev.config import load_config
 from kev.engine.engine import Engine
 from kev.isolation.levels import LEVELS, config_for_level
 from kev.isolation.verify import (DEFAULT_SYSTEM, VERIFY_QUESTIONS, VerifyOptions, VerifyReport, read_questions,
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     level = args.level or base.isolation.level
     system = args.system or (DEFAULT_SYSTEM if level != "strict" else None)
     config = config_for_level(base, level, system or DEFAULT_SYSTEM)
+    if args.speculative:  # the proof needs drafts, whatever the measured policy would say they are worth here
+        config = load_config(config, {"speculative": {"policy": "rows"}})
     if level == "loose":
         system = None if system == config.isolation.system_prompt else system  # the declared prompt is the public one
     questions = read_questions(args.questions) if args.questions else VERIFY_QUESTIONS

@@ -24,6 +24,10 @@ class SpeculativeConfig(BaseModel):
     # drafts together). Past it a step is compute-bound and an extra row costs about what a plain step's token does
     # (bench/results/speculative.md measures where).
     max_step_rows: int = Field(8, ge=1, le=4096)
+    # measured: within that cap, a step takes only the draft rows whose expected kept tokens pay for the time they
+    # add, by the engine's own measured step times and acceptance (kev/engine/draft_costs.py); rows: every draft
+    # the cap allows (what `kev verify --speculative` and the tests use, to see drafts whatever the machine).
+    policy: Literal["measured", "rows"] = "measured"
 
     @model_validator(mode="after")
     def _match_range(self) -> SpeculativeConfig:

@@ -30,7 +30,8 @@ def _speculative(config: KevConfig) -> str:
     if spec.method == "off":
         return "off"
     return (f"{spec.method} (max_draft {spec.max_draft}, match {spec.min_match}-{spec.max_match} tokens, "
-            f"drafts while a step holds < {spec.max_step_rows} rows)")
+            f"drafts while a step holds < {spec.max_step_rows} rows"
+            + (", and while measured step times say they pay)" if spec.policy == "measured" else ")"))
 
 
 def banner(info: dict[str, Any]) -> str:

@@ -225,6 +225,8 @@ class Engine(RequestFront[Request]):
         logits = LogitRows.split(plan.work, self.runner.run(meta)) if meta is not None else None
         sampled_ids = sample(logits.sampling, plan.sample_rows) if logits is not None else None
         with self._lock:
+            if sampled_ids is not None:
+                self.scheduler.record_step(plan, time.perf_counter() - started)
             self.output.process(self.scheduler.update(plan, sampled_ids), logits)
             self._lock.notify_all()
         return self._record(plan, meta, sampled_ids, started)

@@ -32,6 +32,7 @@ from itertools import count
 from kev.results.result import FinishReason
 from kev.config.speculative_config import SpeculativeConfig
 from kev.engine.channel_pool import ChannelPool, queue_order
+from kev.engine.draft_costs import DraftCosts
 from kev.engine.drafts import PromptLookup, resolve
 from kev.engine.fair_share import FairShare, is_batch
 from kev.engine.plan import QuestionOutput, SampleRow, StepPlan, Work
@@ -67,6 +68,7 @@ class Scheduler:
         self._request_parallel: dict[str, int] = {}  # request_id -> its max_parallel cap
         self._ended: list[QuestionOutput] = []  # finished between updates (deadline, alert): the next update has them
         self.drafts = DraftCounts()
+        self.draft_costs = DraftCosts()  # measured step times and acceptance: the measured draft policy's evidence
         # The clock of channel time (entering a channel, tokens, deadlines, finishing): a test moves its own
         # instead of waiting for deadlines to pass.
         self.clock: Callable[[], float] = time.monotonic
@@ -158,8 +160,11 @@ class Scheduler:
     def _plan_drafts(self, decode: list[Work], rows: int) -> None:
         """Adaptive prompt-lookup drafts: while the step holds fewer than speculative.max_step_rows rows, a decoding
         question that finds its last tokens earlier in its own text gets the tokens that followed as extra rows.
-        Past that budget a step is compute-bound and extra rows would cost what they might save."""
+        Past that budget a step is compute-bound and extra rows would cost what they might save; under
+        speculative.policy measured, the budget is also what the measured step times say pays (draft_costs.py)."""
         budget = min(self.limits.speculative.max_step_rows, self.limits.max_step_tokens) - rows
+        if self.limits.speculative.policy == "measured" and budget > 0:
+            budget = self.draft_costs.affordable(rows, budget)
         for w in decode:
             if budget <= 0:
                 return
@@ -230,6 +235,7 @@ class Scheduler:
                 # (a row reads keys up to its own position) and overwritten when plain decoding reaches them.
                 q.num_computed = verified.start + len(tokens)
                 self.drafts.count(len(verified.draft), len(tokens) - 1)
+                self.draft_costs.record_verify(len(verified.draft), len(tokens) - 1)
                 if isinstance(q.lookup, PromptLookup):
                     q.lookup.feedback(len(verified.draft), len(tokens) - 1)
             if q.is_finished:  # cancelled or timed out while the forward ran
@@ -252,6 +258,13 @@ class Scheduler:
                 assert q.channel_id is not None
                 self.blocks.trim(q.channel_id, q.num_tokens)  # blocks taken for rejected rows go back
         return outputs
+
+    def record_step(self, plan: StepPlan, seconds: float) -> None:
+        """A step's wall time, kept by row count when every row decoded (a drafted question's rows included): the
+        measured draft policy weighs a draft's rows by it."""
+        if plan.work and all(isinstance(w.seq, Question) and w.samples and w.length == 1 + len(w.draft)
+                             and w.start > 0 for w in plan.work):
+            self.draft_costs.record_step(sum(w.length for w in plan.work), seconds)
 
     def _stop_reason(self, q: Question, token: int) -> tuple[FinishReason | None, str | None]:
         """Stops decided by tokens; stop strings are the output processor's (it has the text)."""

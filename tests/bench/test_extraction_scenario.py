@@ -11,9 +11,11 @@ from kev.cli.main import main
 
 
 @pytest.mark.slow
-def test_drafted_extraction_answers_equal_plain_and_keep_drafts(capsys):
-    code = main(["bench", "--scenario", "extraction", "--sizes", "1,4", "--draft-rows", "8", "--max-tokens", "16",
-                 "--json"])
+def test_drafted_extraction_answers_equal_plain_and_keep_drafts(capsys, tmp_path):
+    config = tmp_path / "kev.yaml"  # every draft the row cap allows: the measured policy may judge them not worth it
+    config.write_text("speculative: {policy: rows}\n")
+    code = main(["bench", "--scenario", "extraction", "--config", str(config), "--sizes", "1,4", "--draft-rows", "8",
+                 "--max-tokens", "16", "--json"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0
     assert report["max_tokens"] == 16 and report["precision"] == "gguf"  # a .gguf default runs its own blocks

@@ -77,7 +77,7 @@ def test_trim_gives_back_only_the_blocks_past_the_tokens_kept():
 def engines(make_engine):
     """Drafts on in the config (a small row budget would starve the packed test: it is raised); plain answers come from
     the same engine with drafts turned off per request."""
-    config = {"speculative": {"method": "prompt_lookup", "max_draft": 6, "max_step_rows": 64},
+    config = {"speculative": {"method": "prompt_lookup", "max_draft": 6, "max_step_rows": 64, "policy": "rows"},
               "router": {"max_parallel_queries": 8, "channel_pool_size": 8}}
     return make_engine(config, record_logits=True)
 
@@ -193,3 +193,25 @@ def test_openai_and_kev_bodies_pass_their_speculative_field():
     assert speculative_config["additionalProperties"] is False
     assert set(speculative_config["properties"]) == {"method", "num_speculative_tokens", "prompt_lookup_min",
                                                      "prompt_lookup_max"}
+
+
+def test_the_measured_policy_drafts_only_rows_that_pay():
+    """DraftCosts: rows never measured are tried; measured ones are taken while their expected kept tokens pay for
+    the time they add."""
+    from kev.engine.draft_costs import DraftCosts
+
+    costs = DraftCosts(acceptance=0.8)
+    assert costs.affordable(1, 7) == 7  # nothing measured: the step measures it
+    costs.record_step(1, 0.010)
+    assert costs.affordable(1, 7) == 1  # the first row count not measured yet
+    for rows, seconds in ((2, 0.011), (3, 0.012), (4, 0.030)):
+        costs.record_step(rows, seconds)
+    # E(1) = 0.8 and E(2) = 1.44 pay for 1.1x and 1.2x; E(3) = 1.95 does not pay for 3x
+    assert costs.affordable(1, 3) == 2
+    costs.record_step(2, 0.1)  # later, slower measurements (a busy machine) move the averages
+    costs.record_step(3, 0.1)
+    assert costs.step_seconds[2] == pytest.approx(0.011 + 0.2 * (0.1 - 0.011))
+    assert costs.affordable(1, 3) == 0
+    for _ in range(20):
+        costs.record_verify(4, 0)
+    assert costs.acceptance < 0.01 and costs.kept(4) < 0.01

@@ -14,7 +14,8 @@ from tests.engine.test_speculative import EXTRACTION, OFF, same
 SMALL = {"core": {"max_context": 512, "prefill_chunk": 32, "max_step_tokens": 128},
          "router": {"max_parallel_queries": 8, "channel_pool_size": 8, "default_timeout_ms": 600_000,
                     "strategy": "round_robin"},
-         "speculative": {"method": "prompt_lookup", "max_draft": 6, "max_step_rows": 64}}
+         "speculative": {"method": "prompt_lookup", "max_draft": 6, "max_step_rows": 64,
+                         "policy": "rows"}}
 
 
 @pytest.mark.slow

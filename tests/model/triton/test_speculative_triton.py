@@ -29,7 +29,8 @@ def engines(default_model):
                                   "core": {"precision": "fp32", "max_context": 256, "kernels": "triton",
                                            "prefill_chunk": 16, "max_step_tokens": 64, "linear_tile": 4},
                                   "speculative": {"method": "prompt_lookup", "max_draft": 3, "min_match": 1,
-                                                  "max_match": 2, "max_step_rows": 16}})
+                                                  "max_match": 2, "max_step_rows": 16,
+                                                  "policy": "rows"}})
         engine = kev.Engine(config, build_parts(config, model, tokenizer), record_logits=True)
         if name == "graphs":  # drafted rows are decode rows: a drafted step runs over the buckets too
             engine.runner.use_decode_graphs(16, 256)
