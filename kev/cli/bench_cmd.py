@@ -119,12 +119,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_facts(config: KevConfig) -> dict[str, Any]:
-    from kev.config.precision import describe
     from kev.model.row_invariance import cpu_model
 
     return {"model": config.core.model_path, "precision": config.core.resolved_precision,
-            "precision_choice": describe(config.core.precision, config.core.device, config.core.model_path,
-                                         config.core.tensor_parallel),
+            "precision_choice": config.core.precision_choice,
             "threads": torch.get_num_threads(),
             "machine": f"{cpu_model()}, {platform.machine()}, {torch.get_num_threads()} threads, "
                        f"torch {torch.__version__}"}

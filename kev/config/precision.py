@@ -12,7 +12,8 @@ QUANTIZED = ("int8", "w8a8", "gguf")  # precisions whose weights are integers
 
 
 @cache
-def pick_precision(precision: str, device: str, model_path: str = "", tensor_parallel: int = 1) -> str:
+def pick_precision(precision: str, device: str, model_path: str = "", tensor_parallel: int = 1,
+                   kernels: str = "auto") -> str:
     if precision != "auto":
         return precision
     if _uses_cuda(device):
@@ -20,7 +21,7 @@ def pick_precision(precision: str, device: str, model_path: str = "", tensor_par
 
         # A GGUF's blocks have CPU kernels only (on CUDA they would run torch's reference ops): 16-bit floats.
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if names_gguf(model_path) and tensor_parallel == 1:  # tensor parallelism splits float or int8 weights only
+    if names_gguf(model_path) and _gguf_refusal(tensor_parallel, kernels) is None:
         return "gguf"
     return "bf16" if cpu_bf16_flags() else "fp32"
 
@@ -50,9 +51,10 @@ def activation_precision(precision: str, device: str) -> str:
     return "bf16" if cpu_bf16_flags() else "fp32"
 
 
-def describe(precision: str, device: str, model_path: str = "", tensor_parallel: int = 1) -> str:
+def describe(precision: str, device: str, model_path: str = "", tensor_parallel: int = 1,
+             kernels: str = "auto") -> str:
     """The precision and, under auto, why it was picked (the start-up banner prints this)."""
-    picked = pick_precision(precision, device, model_path, tensor_parallel)
+    picked = pick_precision(precision, device, model_path, tensor_parallel, kernels)
     if precision != "auto":
         return picked
     if _uses_cuda(device):
@@ -62,11 +64,21 @@ def describe(precision: str, device: str, model_path: str = "", tensor_parallel:
     else:
         flags = cpu_bf16_flags()
         reason = "CPU has " + ", ".join(flags) if flags else "CPU has no native bf16"
-        if names_gguf(model_path):
-            reason += "; a .gguf model's blocks are not split by tensor_parallel"
+        refusal = _gguf_refusal(tensor_parallel, kernels)
+        if names_gguf(model_path) and refusal is not None:
+            reason += f"; not the .gguf model's own blocks: {refusal}"
     if picked in QUANTIZED:
         reason += f"; activations {activation_precision(picked, device)}"
     return f"{picked} (core.precision auto: {reason})"
+
+
+def _gguf_refusal(tensor_parallel: int, kernels: str) -> str | None:
+    """Why a GGUF model's own blocks are not auto's pick on a CPU; None when they are."""
+    if tensor_parallel > 1:
+        return "core.tensor_parallel splits float or int8 weights only"
+    if kernels != "auto":
+        return f"core.kernels {kernels}: the blocks need Kev's CPU kernels (torch's ops dequantize them every step)"
+    return None
 
 
 def _uses_cuda(device: str) -> bool:

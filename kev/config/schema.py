@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kev.config.batch_config import BatchConfig
 from kev.config.deploy_config import DeployConfig
 from kev.config.precision import activation_precision, pick_precision
+from kev.config.precision import describe as describe_precision
 from kev.config.server_config import ServerConfig
 from kev.config.sharing_config import SharingConfig
 from kev.config.speculative_config import SpeculativeConfig
@@ -194,7 +195,12 @@ class CoreConfig(_Section):
     @property
     def resolved_precision(self) -> str:
         """precision with auto resolved for this machine and model: fp32 | bf16 | fp16 | int8 | w8a8 | gguf."""
-        return pick_precision(self.precision, self.device, self.model_path, self.tensor_parallel)
+        return pick_precision(self.precision, self.device, self.model_path, self.tensor_parallel, self.kernels)
+
+    @property
+    def precision_choice(self) -> str:
+        """The precision and, under auto, why (the start-up banner's `precision_choice`)."""
+        return describe_precision(self.precision, self.device, self.model_path, self.tensor_parallel, self.kernels)
 
     @property
     def activation_precision(self) -> str:

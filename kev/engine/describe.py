@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 from kev.config import KevConfig
-from kev.config.precision import describe as describe_precision
 from kev.engine.kv.memory_plan import KV_BYTES
 from kev.model.model_config import ModelConfig
 
@@ -17,7 +16,7 @@ def describe(config: KevConfig, model: ModelConfig, num_blocks: int, device: str
         KV_BYTES[core.activation_precision]
     return {"model": core.model_path, "architecture": model.model_type, "layers": model.num_layers,
             "params": model.num_params, "precision": precision,
-            "precision_choice": describe_precision(core.precision, device, core.model_path, core.tensor_parallel),
+            "precision_choice": core.precision_choice,
             "device": device, "threads": threads,
             "max_parallel": router.max_parallel_queries, "channel_pool": router.channel_pool_size,
             "max_context": core.max_context, "isolation": config.isolation.level, "kv_cache": config.isolation.kv_cache,

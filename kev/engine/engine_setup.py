@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 
 from kev.config import KevConfig
-from kev.config.precision import describe as describe_precision
 from kev.engine.channel_pool import ChannelPool
 from kev.engine.embedder import MeanEmbedder
 from kev.engine.model_runner import ModelRunner
@@ -52,7 +51,7 @@ def load_model_and_tokenizer(config: KevConfig) -> tuple[LlamaModel, Tokenizer]:
     precision = core.resolved_precision
     if precision == "fp16" and device.type == "cpu":
         raise ConfigError("core.precision: fp16 needs a CUDA device (core.device is cpu); use fp32, bf16 or auto")
-    log.info("precision: %s", describe_precision(core.precision, core.device, core.model_path, core.tensor_parallel))
+    log.info("precision: %s", core.precision_choice)
     gguf = gguf_source(core.model_path) if precision == "gguf" else None
     if precision == "gguf" and gguf is None:
         raise ConfigError(f"core.precision: gguf needs a .gguf model (core.model_path {core.model_path!r} is a "

@@ -41,7 +41,13 @@ def test_a_gguf_model_runs_its_own_blocks(cpu_flags, tmp_path):
 def test_tensor_parallel_keeps_floats_for_a_gguf(cpu_flags):
     cpu_flags(())
     assert core(tensor_parallel=2).resolved_precision == "fp32"
-    assert "not split by tensor_parallel" in precision.describe("auto", "cpu", "smollm2-135m-instruct", 2)
+    assert "tensor_parallel splits float or int8 weights only" in core(tensor_parallel=2).precision_choice
+
+
+def test_torch_kernels_keep_floats_for_a_gguf(cpu_flags):
+    cpu_flags(())
+    assert core(kernels="torch").resolved_precision == "fp32"
+    assert "the blocks need Kev's CPU kernels" in core(kernels="torch").precision_choice
 
 
 def test_a_folder_follows_the_cpu_flags(cpu_flags, tmp_path):
