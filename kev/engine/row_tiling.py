@@ -3,6 +3,7 @@ ones, Kev's Triton ones on CUDA), then fixed row tiles or (where the start-up pr
 its neighbours) one GEMM a step. The same preparation for a whole model and for a tensor-parallel shard."""
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from kev.config import KevConfig
@@ -11,8 +12,11 @@ from kev.engine.packer import RowTiling
 from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.llama import LlamaModel
 from kev.model.model_store import cache_root
+from kev.model.quant_weight import kernel_paths
 from kev.model.row_invariance import probe as probe_rows
 from kev.model.row_invariance import probe_tiles
+
+log = logging.getLogger(__name__)
 
 
 def row_tiling(config: KevConfig, model: LlamaModel) -> tuple[RowTiling, DeviceSetup]:
@@ -54,4 +58,8 @@ def _use_cpu_kernels(config: KevConfig, model: LlamaModel) -> bool:
     device = next(model.parameters()).device
     kernels = config.core.kernels == "auto" and device.type == "cpu" and load_cpu_kernels(cache_root())
     model.use_cpu_kernels(kernels)  # off also where an earlier engine in this process turned them on
+    if device.type == "cpu" and config.core.resolved_precision in ("gguf", "w8a8") and not kernel_paths():
+        log.warning("core.precision %s without Kev's CPU kernels (core.kernels %s, or they did not build): its "
+                    "blocks run on torch's reference ops, which dequantize every weight every step; bf16 or fp32 "
+                    "is faster here", config.core.resolved_precision, config.core.kernels)
     return kernels
