@@ -28,7 +28,7 @@ def server(start_server, tmp_path_factory: pytest.TempPathFactory) -> ServerProc
 
 @pytest.fixture(scope="module")
 def client(server: ServerProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120) as client:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=600) as client:
         yield client
 
 
@@ -132,7 +132,7 @@ def test_a_server_killed_mid_batch_resumes_it_after_restart(tmp_path: Path) -> N
     rows = [r for r in job_lines(60, max_tokens=lambda i: 6) if r["url"] == "/v1/completions"]
     first = ServerProcess(config, tmp_path / "first").start()
     try:
-        with openai.OpenAI(base_url=f"{first.url}/v1", api_key="none", max_retries=0, timeout=120) as client:
+        with openai.OpenAI(base_url=f"{first.url}/v1", api_key="none", max_retries=0, timeout=600) as client:
             file_id = upload(client, tmp_path, rows)
             batch_id = client.batches.create(input_file_id=file_id, endpoint="/v1/completions",
                                              completion_window="24h").id
@@ -143,7 +143,7 @@ def test_a_server_killed_mid_batch_resumes_it_after_restart(tmp_path: Path) -> N
     assert left["status"] == "in_progress" and left["request_counts"]["completed"] < len(rows), left
     second = ServerProcess(config, tmp_path / "second").start()
     try:
-        with openai.OpenAI(base_url=f"{second.url}/v1", api_key="none", max_retries=0, timeout=120) as client:
+        with openai.OpenAI(base_url=f"{second.url}/v1", api_key="none", max_retries=0, timeout=600) as client:
             batch = wait_for(client, batch_id, finished)
             assert batch.status == "completed" and batch.request_counts.completed == len(rows), batch
             lines = output_lines(client, batch.output_file_id)

@@ -16,7 +16,7 @@ def client_for() -> Iterator[Callable[[ServerProcess], httpx.Client]]:
     clients: list[httpx.Client] = []
 
     def make(server: ServerProcess) -> httpx.Client:
-        client = httpx.Client(base_url=server.url, headers=server.headers, timeout=120)
+        client = httpx.Client(base_url=server.url, headers=server.headers, timeout=600)
         clients.append(client)
         return client
 
@@ -28,13 +28,13 @@ def client_for() -> Iterator[Callable[[ServerProcess], httpx.Client]]:
 @pytest.fixture(scope="module")
 def openai_server(start_server: Callable[..., ServerProcess]) -> ServerProcess:
     """A server behind an API key, as the OpenAI client expects (the OpenAI-compatible and scoring modules)."""
-    return start_server({"router": {"default_timeout_ms": 120_000}}, api_key=OPENAI_KEY)
+    return start_server({"router": {"default_timeout_ms": 600_000}}, api_key=OPENAI_KEY)
 
 
 @pytest.fixture(scope="module")
 def openai_client(openai_server: ServerProcess) -> Iterator[openai.OpenAI]:
     """The official `openai` client, unchanged, on that server."""
-    with openai.OpenAI(base_url=f"{openai_server.url}/v1", api_key=OPENAI_KEY, max_retries=0, timeout=120) as client:
+    with openai.OpenAI(base_url=f"{openai_server.url}/v1", api_key=OPENAI_KEY, max_retries=0, timeout=600) as client:
         yield client
 
 

@@ -176,7 +176,7 @@ def assert_lines_are_the_live_errors(records: list[dict[str, Any]], live: dict[s
 
 def test_an_http_batch_line_carries_the_live_routes_error(server: ServerProcess, http: httpx.Client, live,
                                                           tmp_path: Path) -> None:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120) as client:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=600) as client:
         with write_jsonl(tmp_path / "in.jsonl", batch_lines()).open("rb") as f:
             file_id = client.files.create(file=f, purpose="batch").id
         batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")

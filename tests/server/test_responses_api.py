@@ -139,7 +139,7 @@ def test_openai_agents_default_model_runs_a_tool_taking_a_list_of_models(openai_
         seen.append(items)
         return f"ordered {len(items)} items"
 
-    client = openai.AsyncOpenAI(base_url=f"{openai_server.url}/v1", api_key="sk-kev-test", max_retries=0, timeout=120)
+    client = openai.AsyncOpenAI(base_url=f"{openai_server.url}/v1", api_key="sk-kev-test", max_retries=0, timeout=600)
     agent = agents.Agent(name="shop", instructions="Order what the user asks for.", tools=[order],
                          model=agents.OpenAIResponsesModel(model=model, openai_client=client),
                          # one call: with parallel calls the forced grammar is an array of calls, which the model

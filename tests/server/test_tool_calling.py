@@ -53,8 +53,8 @@ def _calls(message: Any) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def client(start_server: Callable[..., ServerProcess]) -> Iterator[openai.OpenAI]:
-    server = start_server({"router": {"default_timeout_ms": 120_000}, "core": TORCH_OPS}, api_key=KEY)
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120) as client:
+    server = start_server({"router": {"default_timeout_ms": 600_000}, "core": TORCH_OPS}, api_key=KEY)
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=600) as client:
         yield client
 
 
@@ -268,13 +268,13 @@ def test_bad_tool_bodies_name_the_field(client: openai.OpenAI, model: str, body:
 def qwen(start_server: Callable[..., ServerProcess], tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
     folder = build_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen"), resolve_model_path("smollm2-135m-instruct"))
     return start_server({"core": {"model_path": str(folder), "precision": "fp32", "max_context": 1024, **TORCH_OPS},
-                         "router": {"default_timeout_ms": 120_000}}, api_key=KEY)
+                         "router": {"default_timeout_ms": 600_000}}, api_key=KEY)
 
 
 def test_tiny_qwen_renders_tools_through_its_template_and_forces_valid_calls(qwen: ServerProcess) -> None:
     models = httpx.get(f"{qwen.url}/v1/models", headers=qwen.headers).json()["data"][0]
     assert models["tool_prompt"] == "chat_template"
-    with openai.OpenAI(base_url=f"{qwen.url}/v1", api_key=KEY, max_retries=0, timeout=120) as client:
+    with openai.OpenAI(base_url=f"{qwen.url}/v1", api_key=KEY, max_retries=0, timeout=600) as client:
         named = client.chat.completions.create(
             model=models["id"], messages=ASK, tools=TOOLS, n=3, temperature=1.0, seed=1, max_tokens=64,
             tool_choice={"type": "function", "function": {"name": "get_weather"}})
