@@ -3,7 +3,11 @@ bench/data) of bf16, of w8a8 without smoothing and of w8a8 with Kev's load-time 
 calibrated on kev/model/calibration/smoothing.txt) at each α, on the default model. Each α is its own int8 cache
 file (the cache key names the smoothing), so set KEV_CACHE_DIR to a scratch folder to leave the shared cache alone.
 
-    KEV_CACHE_DIR=/tmp/kevcache-39 .venv/bin/python bench/smoothing_sweep.py [--alphas 0.4,0.5,0.6] [--model M]
+    KEV_CACHE_DIR=/tmp/kevcache-39 .venv/bin/python bench/smoothing_sweep.py [--alphas auto,0.5,qkv=0.5:down=0.75]
+        [--bf16-activations] [--no-baselines] [--model M]
+
+"auto" is Kev's default (α searched per layer and fold at load: smoothing.search_alphas); --bf16-activations measures
+w8a8 with bf16 activations on a CPU without native bf16 (where Kev would take fp32).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from collections.abc import Callable
 import torch
 
 import kev
+import kev.config.precision as precision
 import kev.model.smoothing as smoothing
 import kev.model.weights as weights
 from kev.model.linear import Linear
@@ -52,8 +57,9 @@ def w8a8_only(kinds: set[str]) -> Callable[[LlamaModel], None]:
 
 
 def parse_alphas(entry: str) -> dict[str, float] | None:
-    """"0.5": every fold at 0.5; "qkv=0.5:down=0.75": those folds only; "none": unsmoothed."""
-    if entry == "none":
+    """"0.5": every fold at 0.5; "qkv=0.5:down=0.75": those folds only; "none": unsmoothed (and "auto": α searched
+    per layer and fold over smoothing.GRID, set apart by the caller)."""
+    if entry in ("none", "auto"):
         return None
     if "=" not in entry:
         return {fold: float(entry) for fold in smoothing.FOLDS}
@@ -64,24 +70,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--no-baselines", action="store_true", help="skip bf16 and unsmoothed w8a8")
-    parser.add_argument("--alphas", default="0.3,0.4,0.5,0.6,0.75",
-                        help="α for every fold in turn, or each entry fold=α:fold=α (none: unsmoothed)")
+    parser.add_argument("--alphas", default="auto",
+                        help="α for every fold in turn, or each entry fold=α:fold=α (none: unsmoothed; auto: searched "
+                             "per layer and fold at load, Kev's default)")
+    parser.add_argument("--bf16-activations", action="store_true",
+                        help="w8a8 with bf16 activations as on a CPU with native bf16 (avx512_bf16 / AMX): the dtype "
+                             "choice only (kev/config/precision.py), for a machine without it")
     parser.add_argument("--w8a8-only", default="",
                         help="diagnostic: int8 activations only for these linears (qkv_proj,o_proj,gate_up_proj,"
                              "down_proj), the others int8 weight-only")
     args = parser.parse_args()
+    if args.bf16_activations:
+        precision.cpu_bf16_flags = lambda: ("avx512_bf16",)  # type: ignore[assignment]
+        precision.pick_precision.cache_clear()
     if args.w8a8_only:
         weights.to_w8a8 = w8a8_only(set(args.w8a8_only.split(",")))
-    print(json.dumps({"uptime": os.getloadavg(), "cache": os.environ.get("KEV_CACHE_DIR")}), flush=True)
+    print(json.dumps({"uptime": os.getloadavg(), "cache": os.environ.get("KEV_CACHE_DIR"),
+                      "activations": "bf16" if args.bf16_activations else "default"}), flush=True)
     rows = {}
     if not args.no_baselines:
         rows["bf16"] = perplexity(args.model, "bf16")
         print(json.dumps({"bf16": rows["bf16"]}), flush=True)
-        smoothing.ALPHAS = None  # no smoothing: load_model skips it
+        smoothing.ALPHAS, smoothing.AUTO = None, None  # no smoothing: load_model skips it
         rows["w8a8"] = perplexity(args.model, "w8a8")
         print(json.dumps({"w8a8": rows["w8a8"]}), flush=True)
     for entry in args.alphas.split(","):
         smoothing.ALPHAS = parse_alphas(entry)
+        smoothing.AUTO = smoothing.GRID if entry == "auto" else None
         rows[f"w8a8 α {entry}"] = perplexity(args.model, "w8a8")
         print(json.dumps({f"α {entry}": rows[f"w8a8 α {entry}"]}), flush=True)
     if "bf16" in rows:

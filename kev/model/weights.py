@@ -18,7 +18,7 @@ from kev.model.gguf_weights import attach_gguf, finish_quant_biases
 from kev.model.linear import Linear
 from kev.model.quantize import (attach_scales, cache_path, quantize_state, read_cached, split_scales, to_w8a8,
                                 write_cache)
-from kev.model.smoothing import Smoothing, activation_maxima, default_smoothing, smooth_state
+from kev.model.smoothing import Smoothing, activation_maxima, default_smoothing, search_alphas, smooth_state
 from kev.model.tokenizer import Tokenizer
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -69,7 +69,11 @@ def _smooth(state: dict[str, torch.Tensor], folder: Path, cfg: ModelConfig, smoo
     with torch.device("meta"):
         calibration = model_class(cfg)(cfg, len(ids))
     calibration = _finish(calibration, state, "fp32", torch.device("cpu"))
-    smooth_state(state, calibration, activation_maxima(calibration, ids), dict(smoothing.alphas))
+    if smoothing.grid:  # α per layer and fold, searched on the same forward
+        stats, per_layer, _ = search_alphas(calibration, ids, smoothing.grid, smoothing.rows, smoothing.outputs)
+        smooth_state(state, calibration, stats, per_layer)
+    else:
+        smooth_state(state, calibration, activation_maxima(calibration, ids), dict(smoothing.alphas))
 
 
 def _finish_gguf(model: LlamaModel, gguf: Path, device: torch.device) -> LlamaModel:

@@ -10,7 +10,8 @@ import torch
 from kev.model.families import model_class
 from kev.model.model_config import ModelConfig
 from kev.model.quantize import cache_path
-from kev.model.smoothing import FOLDS, activation_maxima, default_smoothing, prompt_logits, smooth_state
+from kev.model.smoothing import (FOLDS, GRID, Smoothing, _factor, activation_maxima, default_smoothing, prompt_logits,
+                                search_alphas, smooth_state, w8a8_error)
 from kev.model.weights import random_model
 
 # GQA (2 heads per kv head) and q/k/v biases: the v-into-o fold's grouping and v's bias are exercised.
@@ -54,3 +55,42 @@ def test_the_cache_key_and_fingerprint_name_the_smoothing(tmp_path: Path):
     plain, smoothed = cache_path(folder, tmp_path), cache_path(folder, tmp_path, smoothing.tag)
     assert plain != smoothed and smoothing.tag in smoothed.name
     assert smoothing.tag.startswith("sq")
+    auto, fixed = Smoothing((), "text", GRID), Smoothing((("qkv", 0.5),), "text")
+    assert "auto" in auto.tag and auto.tag != fixed.tag != Smoothing((), "text", GRID[:-1]).tag
+    assert Smoothing((), "text", GRID, 128).tag != auto.tag
+    assert Smoothing((), "other text", GRID).tag != auto.tag
+
+
+def test_the_search_beats_a_fixed_alpha_on_an_outlier_channel_and_the_fold_stays_exact():
+    """A linear whose input has two channels ~40x the others: the α searched is one whose w8a8 error is no larger
+    than the fixed α's (0.5) nor than no smoothing's, and X / s times W · s is X W^T (fp64)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(200, 64, generator=g, dtype=torch.float64)
+    x[:, [5, 30]] *= 40.0
+    w = torch.randn(48, 64, generator=g, dtype=torch.float64) * 0.05
+    maxima, wmax = x.abs().amax(0), w.abs().amax(0)
+    reference = (x @ w.t()).float()
+    errors = {alpha: w8a8_error(x.float(), w.float(), reference, _factor(maxima, wmax, alpha).float())
+              for alpha in GRID}
+    errors[None] = w8a8_error(x.float(), w.float(), reference, None)
+    best = min(errors, key=lambda a: errors[a])
+    assert errors[best] <= errors[0.5] and errors[best] < errors[None] / 4
+    s = _factor(maxima, wmax, best)
+    torch.testing.assert_close((x / s) @ (w * s).t(), x @ w.t(), rtol=1e-12, atol=1e-12)
+
+
+def test_the_searched_alphas_keep_the_logits():
+    """search_alphas on the outlier model: an α per layer and fold from the grid (or none), folded per layer by
+    smooth_state, and the fp32 logits stay what they were; every searched α's error is the least it measured."""
+    model = outlier_model()
+    before = prompt_logits(model, IDS)
+    stats, per_layer, choices = search_alphas(model, IDS, GRID)
+    assert len(per_layer) == SHAPE.num_layers and any(per_layer)
+    assert all(set(d) <= set(FOLDS) and all(a in GRID for a in d.values()) for d in per_layer)
+    for choice in choices.values():
+        assert choice.errors[choice.alpha] == min(choice.errors.values())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    smooth_state(state, model, stats, per_layer)
+    smoothed = model_class(SHAPE)(SHAPE, 64)
+    smoothed.load_state_dict(state, strict=True)
+    torch.testing.assert_close(prompt_logits(smoothed, IDS), before, rtol=1e-4, atol=1e-4)
