@@ -26,6 +26,7 @@ from torch import nn
 from kev.errors import ConfigError
 from kev.model.linear import GemmWeight, Linear
 from kev.model.llama import MLP, Attention, LlamaModel
+from kev.model.quant_weight import QuantLinear
 
 
 def split_range(size: int, parts: int, index: int) -> tuple[int, int]:
@@ -106,7 +107,7 @@ def check_shardable(model: LlamaModel, world: int) -> None:
         for linear in _linears(layer.self_attn, layer.mlp):
             if type(linear) is not Linear:
                 raise ConfigError(f"core.tensor_parallel: {type(linear).__name__} layers are not split yet")
-            if linear.packed is not None and not isinstance(linear.packed, GemmWeight):
+            if isinstance(linear.packed, QuantLinear):  # (a float weight prepacked for oneDNN or Kev's GEMM splits)
                 raise ConfigError("core.tensor_parallel: core.precision gguf and w8a8 hold their weights in blocks, "
                                   "which are not split yet; use bf16, fp32 or int8")
 
