@@ -9,7 +9,9 @@ took 1.56x a step of 1; the AVX2 GGUF kernel is compute-bound from 2 rows), and 
 measured from the engine's own steps rather than fixed.
 
 Times are exponential moving averages per row count, taken from decode-only steps (a prompt chunk's rows cost what
-their attention costs). A row count never measured counts as paying, so the first step that tries it measures it.
+their attention costs). A row count never measured counts as paying, so the first step that tries it measures it; so
+does one not measured for REMEASURE_AFTER steps, or a verdict taken on a busy machine (or before the caches were warm)
+would stand for good: a question alone never takes those rows again unless it drafts them.
 Answers never depend on any of this: drafts change how many positions a step computes, never a token or a logit.
 """
 from __future__ import annotations
@@ -18,16 +20,23 @@ from dataclasses import dataclass, field
 
 SMOOTHING = 0.2  # weight of the newest measurement in each moving average
 PRIOR_ACCEPTANCE = 0.5  # the share of drafted tokens taken as kept before any draft was verified
+# Decode steps after which a row count's time is measured again (one step's extra rows in every REMEASURE_AFTER: at
+# most a fraction of a percent of the time, where a draft turns out not to pay after all).
+REMEASURE_AFTER = 256
 
 
 @dataclass
 class DraftCosts:
     step_seconds: dict[int, float] = field(default_factory=dict)  # decode-only step time by row count
     acceptance: float = PRIOR_ACCEPTANCE  # moving share of drafted tokens kept
+    steps: int = 0  # decode-only steps recorded
+    measured_at: dict[int, int] = field(default_factory=dict)  # row count -> `steps` when last measured
 
     def record_step(self, rows: int, seconds: float) -> None:
         old = self.step_seconds.get(rows)
         self.step_seconds[rows] = seconds if old is None else old + SMOOTHING * (seconds - old)
+        self.steps += 1
+        self.measured_at[rows] = self.steps
 
     def record_verify(self, drafted: int, accepted: int) -> None:
         if drafted > 0:
@@ -41,8 +50,8 @@ class DraftCosts:
         best = 0
         for extra in range(1, most + 1):
             seconds = self.step_seconds.get(rows + extra)
-            if seconds is None:
-                return extra  # the first row count not measured yet: try it
+            if seconds is None or self.steps - self.measured_at[rows + extra] >= REMEASURE_AFTER:
+                return extra  # the first row count not measured (lately): try it
             if seconds <= base * (1 + self.kept(extra) / rows):
                 best = extra
         return best

@@ -215,3 +215,22 @@ def test_the_measured_policy_drafts_only_rows_that_pay():
     for _ in range(20):
         costs.record_verify(4, 0)
     assert costs.acceptance < 0.01 and costs.kept(4) < 0.01
+
+
+def test_the_measured_policy_measures_a_refused_row_count_again():
+    """A row count judged not to pay (here: measured on a busy machine) is tried again after REMEASURE_AFTER decode
+    steps without it, and a quiet measurement then lets drafts back in."""
+    from kev.engine.draft_costs import REMEASURE_AFTER, DraftCosts
+
+    costs = DraftCosts(acceptance=0.8)
+    costs.record_step(1, 0.010)
+    costs.record_step(2, 0.050)  # busy: 5x for E(1) = 0.8 does not pay
+    assert costs.affordable(1, 1) == 0
+    for _ in range(REMEASURE_AFTER - 1):
+        costs.record_step(1, 0.010)  # plain steps of one row only
+    assert costs.affordable(1, 1) == 0
+    costs.record_step(1, 0.010)
+    assert costs.affordable(1, 1) == 1  # REMEASURE_AFTER steps since rows = 2 was measured: measure it again
+    for _ in range(20):
+        costs.record_step(2, 0.011)  # the machine is quiet again
+    assert costs.affordable(1, 1) == 1
