@@ -159,9 +159,11 @@ def vllm_rows(engine: Engine, sizes: list[int], pool: list[str], on: dict[str, A
     ngram = {"method": "ngram", "num_speculative_tokens": on["max_draft"], "prompt_lookup_min": on["min_match"],
              "prompt_lookup_max": on["max_match"]}
     core = engine.config.core
-    runs = {path: {b["name"]: b for b in run_vllm(model_folder(engine), core.resolved_precision, core.max_context,
-                                                  batches, solo=None, speculative=speculative)["batches"]}
-            for path, speculative in (("vllm plain", None), ("vllm ngram", ngram))}
+    runs = {}
+    for path, speculative in (("plain", None), ("ngram", ngram)):
+        out = run_vllm(model_folder(engine), core.resolved_precision, core.max_context, batches, solo=None,
+                       speculative=speculative)
+        runs[f"vllm {out['dtype']} {path}"] = {b["name"]: b for b in out["batches"]}
     rows = []
     for size in sizes:
         names = [b.name for b in batches if b.name.startswith(f"n{size}_")]
@@ -170,7 +172,8 @@ def vllm_rows(engine: Engine, sizes: list[int], pool: list[str], on: dict[str, A
                     for path, out in runs.items()}
         for run in measured.values():
             run["tokens"] = sum(len(ids) for ids in run["answers"])
-        rows += [_row(size, path, run, measured["vllm plain"]) for path, run in measured.items()]
+        plain = next(iter(measured.values()))
+        rows += [_row(size, path, run, plain) for path, run in measured.items()]
     return rows
 
 

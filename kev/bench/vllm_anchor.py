@@ -10,11 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kev.config.precision import activation_precision
+
 RUNNER = Path(__file__).resolve().parents[2] / "bench" / "vllm_runner.py"
-# Kev's quantized precisions (int8, w8a8, gguf) have no same-bits counterpart in vLLM's CPU build: the anchor runs
-# the same weights (dequantized, for a GGUF: the folder Kev converted it to) in bf16.
-VLLM_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "int8": "bfloat16", "w8a8": "bfloat16",
-               "gguf": "bfloat16"}
+DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+
+
+def vllm_dtype(precision: str) -> str:
+    """vLLM's dtype for Kev's precision: the same float dtype. Kev's quantized precisions (int8, w8a8, gguf) have no
+    same-bits counterpart in vLLM's CPU build: the anchor runs the same weights (dequantized, for a GGUF: the folder
+    Kev converted it to) in the float dtype Kev's activations take on this CPU: bf16 where the CPU has it natively,
+    else fp32 (oneDNN has no bf16 GEMM there, so bf16 would handicap the anchor)."""
+    return DTYPES[activation_precision(precision, "cpu")]
 
 
 @dataclass
@@ -38,8 +45,8 @@ def run_vllm(model_folder: Path, precision: str, max_model_len: int, batches: li
              solo: str | None, speculative: dict[str, Any] | None = None) -> dict[str, Any]:
     """Runs every batch in one vLLM process, then the prompts of batch `solo` (if any) one by one. speculative:
     vLLM's speculative_config for the engine (e.g. {"method": "ngram", ...}), None for plain decoding.
-    Returns {"batches": [{"name", "seconds", "token_ids"}], "solo": [[token ids]]}."""
-    spec = {"model": str(model_folder), "dtype": VLLM_DTYPES[precision], "max_model_len": max_model_len,
+    Returns {"batches": [{"name", "seconds", "token_ids"}], "solo": [[token ids]], "dtype": vLLM's}."""
+    spec = {"model": str(model_folder), "dtype": vllm_dtype(precision), "max_model_len": max_model_len,
             "batches": [vars(b) for b in batches], "solo": solo, "speculative_config": speculative}
     with tempfile.TemporaryDirectory() as folder:
         spec_path, out_path = Path(folder, "spec.json"), Path(folder, "out.json")
@@ -48,4 +55,5 @@ def run_vllm(model_folder: Path, precision: str, max_model_len: int, batches: li
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
         subprocess.run([str(vllm_python()), str(RUNNER), str(spec_path), str(out_path)], check=True, env=env)
         result: dict[str, Any] = json.loads(out_path.read_text())
+    result["dtype"] = spec["dtype"]
     return result
