@@ -31,12 +31,22 @@ def paths() -> list[int]:
     return [names[p] for p in kernel_paths()] + [-1]
 
 
+# Where each K-quant block keeps its quant bits (the rest: fp16 d / dmin and the sub-block scales).
+QUANT_BYTES = {GGMLQuantizationType.Q4_K: slice(16, 144), GGMLQuantizationType.Q5_K: slice(16, 176),
+               GGMLQuantizationType.Q6_K: slice(0, 192)}
+
+
 def file_weight(tmp_path: Path, qtype: GGMLQuantizationType, rows: int, cols: int,
-                seed: int = 0) -> tuple[QuantWeight, torch.Tensor]:
-    """A one-tensor GGUF of random `qtype` blocks: (Kev's weight read from it, gguf's dequantization of the file)."""
+                seed: int = 0, largest: bool = False) -> tuple[QuantWeight, torch.Tensor]:
+    """A one-tensor GGUF of random `qtype` blocks (largest: every quant at its largest value, 15 / 31 / 63): (Kev's
+    weight read from it, gguf's dequantization of the file)."""
     path = tmp_path / f"{qtype.name}-{rows}x{cols}.gguf"
     writer = GGUFWriter(str(path), "llama")
-    writer.add_tensor("w", random_blocks(qtype, rows, cols, np.random.default_rng(seed)), raw_dtype=qtype)
+    blocks = random_blocks(qtype, rows, cols, np.random.default_rng(seed))
+    if largest:
+        by_block = blocks.reshape(rows, cols // 256, -1)
+        by_block[..., QUANT_BYTES[qtype]] = 0xFF
+    writer.add_tensor("w", blocks, raw_dtype=qtype)
     writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
     writer.close()
     tensor = GGUFReader(path).tensors[0]
@@ -65,6 +75,19 @@ def test_every_path_gives_the_same_bits(tmp_path: Path, paths, qtype, shape):
     results = [w.multiply(x, path) for path in paths]
     for path, got in zip(paths, results):
         assert torch.equal(got, results[0]), f"path {path} differs from path {paths[0]}"
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_the_largest_integer_sums_are_exact(tmp_path: Path, paths, qtype):
+    """Every quant at its largest and activations that quantize to +-127 everywhere (all +, all -, then signs that
+    follow no pattern): the largest integer sums, where a 16-bit step (AVX2's vpmaddubsw pair sums) would saturate
+    or wrap first; every path still gives torch's bits (an exact float64 product)."""
+    w, _ = file_weight(tmp_path, qtype, 40, 512, seed=3, largest=True)
+    signs = torch.where(torch.rand(6, 512, generator=torch.Generator().manual_seed(3)) < 0.5, -1.0, 1.0)
+    x = torch.cat([torch.ones(1, 512), -torch.ones(1, 512), signs]).bfloat16()
+    results = [w.multiply(x, path) for path in paths]
+    for path, got in zip(paths, results):
+        assert torch.equal(got, results[-1]), f"path {path} differs from torch's"
 
 
 @pytest.mark.parametrize("qtype", TYPES)

@@ -59,6 +59,23 @@ def test_every_path_gives_the_same_bits(paths, kind, seed, shape):
         assert torch.equal(got, results[0]), f"path {path} differs from path {paths[0]}"
 
 
+@pytest.mark.parametrize("kind", BLOCK_KINDS)
+def test_the_largest_integer_sums_are_exact(paths, kind):
+    """Every quant at its largest magnitude (Q4: 15; Q8: -128) and activations that quantize to +-127 everywhere: the
+    largest integer sums, where a 16-bit step (AVX2's vpmaddubsw pair sums) would saturate or wrap first; every path
+    gives torch's bits (an exact float64 product)."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.full((40, 512), -128 if kind == Kind.Q8 else 15)
+    d = (torch.rand(40, 16, generator=gen) * 0.01).half()
+    m = (torch.randn(40, 16, generator=gen) * 0.01).half() if kind == Kind.Q4_MIN else None
+    w = pack(q, d, m, kind, kind.name, bias=torch.randn(40, generator=gen))
+    signs = torch.where(torch.rand(6, 512, generator=gen) < 0.5, -1.0, 1.0)
+    x = torch.cat([torch.ones(1, 512), -torch.ones(1, 512), signs]).bfloat16()
+    results = [w.multiply(x, path) for path in paths]
+    for path, got in zip(paths, results):
+        assert torch.equal(got, results[-1]), f"path {path} differs from torch's"
+
+
 @pytest.mark.parametrize("kind,seed", WEIGHTS)
 def test_rows_are_the_same_at_every_row_count_and_thread_count(paths, kind, seed):
     w = random_weight(kind, 576, 200, seed=seed)
