@@ -583,7 +583,7 @@ struct TileShape {
 };
 TileShape tile_shape(Path path, int64_t rows) {
   if (path == kAvx512) return rows < 3 ? TileShape{static_cast<int>(rows), kBlocks512} : TileShape{kRows512, 1};
-  return {kMaxRows, rows == 1 ? 4 : 2};
+  return {kMaxRows, rows <= 2 ? 4 : 2};
 }
 
 // The tile for (kind, column blocks, rows) on a path; null when the path is not built. AVX-512 has every row count
@@ -655,7 +655,7 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   const RowsQ rq = quantize_rows(x);
   float* op = out.data_ptr<float>();
   // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
-  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 20) / (w.block_stride() * (1 + rows / 4)));
+  const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / (w.block_stride() * (1 + rows / 4)));
   const TileShape shape = tile_shape(chosen, rows);
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end;) {

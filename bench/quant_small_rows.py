@@ -1,0 +1,59 @@
+"""The default model's linear shapes (576 -> 1536, 1536 -> 576) on Kev's quantized-activation kernel at the few-row
+counts a decode step has at N = 1 and with drafts (M = 1, 2, 4, 8) and beyond, Q4_1 (the default GGUF's type), Q4_K
+and Q6_K: the fastest of 150 calls, in ms, 2 threads. The weights stay in cache, so this measures the kernel's own
+work and threading, not memory. Compare two trees by running it under each, alternately (a loaded machine's min of
+150 is stable to a few percent): `PYTHONPATH=<tree> .venv/bin/python bench/quant_small_rows.py`."""
+from __future__ import annotations
+
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+
+from kev.bench.random_gguf import random_blocks
+from kev.model.cpu_kernels import load_cpu_kernels
+from kev.model.gguf_weights import read_blocks
+from kev.model.model_store import cache_root
+
+ROWS = (1, 2, 4, 8, 16, 64)
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    load_cpu_kernels(cache_root())
+    print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 2 threads; ms, fastest of 150")
+    print("| type | in→out | " + " | ".join(f"M={m}" for m in ROWS) + " |")
+    print("|---|---|" + "---|" * len(ROWS))
+    with tempfile.TemporaryDirectory() as folder:
+        for name in ("Q4_1", "Q4_K", "Q6_K"):
+            qtype = GGMLQuantizationType[name]
+            for k, n in ((576, 1536), (1536, 576)):
+                if name != "Q4_1" and k % 256:  # K-quant super-blocks are 256 wide
+                    continue
+                path = Path(folder) / f"{name}-{k}-{n}.gguf"
+                writer = GGUFWriter(str(path), "llama")
+                writer.add_tensor("w", random_blocks(qtype, n, k, np.random.default_rng(0)), raw_dtype=qtype)
+                writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
+                writer.close()
+                held = read_blocks(GGUFReader(path).tensors[0])
+                assert held is not None
+                weight = held.to_weight()
+                cells = []
+                for m in ROWS:
+                    x = torch.randn(m, k)
+                    weight(x)
+                    best = float("inf")
+                    for _ in range(150):
+                        start = time.perf_counter()
+                        weight(x)
+                        best = min(best, time.perf_counter() - start)
+                    cells.append(f"{best * 1e3:.4f}")
+                print(f"| {name} | {k}→{n} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
