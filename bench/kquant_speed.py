@@ -19,10 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-from kev.bench.random_gguf import random_blocks
-from kev.model.gguf_weights import read_blocks
+from kev.bench.random_gguf import random_quant_weight
 from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 from kev.model.linear import GemmWeight
@@ -31,18 +29,6 @@ from kev.model.quantize import quantize_rows
 
 TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 SHAPES = [(2048, 8192), (8192, 2048)]  # (in, out)
-
-
-def weight(folder: Path, name: str, k: int, n: int) -> QuantWeight:
-    qtype = GGMLQuantizationType[name]
-    path = folder / f"{name}-{k}-{n}.gguf"
-    writer = GGUFWriter(str(path), "llama")
-    writer.add_tensor("w", random_blocks(qtype, n, k, np.random.default_rng(0)), raw_dtype=qtype)
-    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
-    writer.close()
-    held = read_blocks(GGUFReader(path).tensors[0])
-    assert held is not None
-    return held.to_weight()
 
 
 def timings(ws: dict[str, list[QuantWeight]], x: torch.Tensor, rounds: int) -> dict[str, list[float]]:
@@ -68,7 +54,7 @@ def fractions(args: argparse.Namespace) -> None:
         for k, n in SHAPES:
             ws: dict[str, list] = {}
             for name in ("Q4_0", "Q8_0"):
-                w = weight(Path(folder), name, k, n)
+                w = random_quant_weight(Path(folder), name, k, n)
                 ws[name] = [w] + [QuantWeight(w.cells.clone(), None, None, w.kind, n, k, name) for _ in range(5)]
             dense = [torch.randn(n, k, generator=torch.Generator().manual_seed(i)) * 0.02 for i in range(6)]
             ws["w8a8"] = [pack_w8a8(*quantize_rows(d)) for d in dense]
@@ -106,7 +92,7 @@ def main() -> None:
         for k, n in SHAPES:
             ws = {}
             for name in TYPES:
-                w = weight(Path(folder), name, k, n)
+                w = random_quant_weight(Path(folder), name, k, n)
                 ws[name] = [w] + [QuantWeight(w.cells.clone(), None, None, w.kind, n, k, name) for _ in range(5)]
             one = timings(ws, torch.randn(1, k).bfloat16(), 300)
             many = timings(ws, torch.randn(64, k).bfloat16(), 30)

@@ -10,13 +10,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-from kev.bench.random_gguf import random_blocks
+from kev.bench.random_gguf import random_quant_weight
 from kev.model.cpu_kernels import load_cpu_kernels
-from kev.model.gguf_weights import read_blocks
 from kev.model.model_store import cache_root
 
 ROWS = (1, 2, 4, 8, 16, 64)
@@ -30,18 +27,10 @@ def main() -> None:
     print("|---|---|" + "---|" * len(ROWS))
     with tempfile.TemporaryDirectory() as folder:
         for name in ("Q4_1", "Q4_K", "Q6_K"):
-            qtype = GGMLQuantizationType[name]
             for k, n in ((576, 1536), (1536, 576)):
                 if name != "Q4_1" and k % 256:  # K-quant super-blocks are 256 wide
                     continue
-                path = Path(folder) / f"{name}-{k}-{n}.gguf"
-                writer = GGUFWriter(str(path), "llama")
-                writer.add_tensor("w", random_blocks(qtype, n, k, np.random.default_rng(0)), raw_dtype=qtype)
-                writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file()
-                writer.close()
-                held = read_blocks(GGUFReader(path).tensors[0])
-                assert held is not None
-                weight = held.to_weight()
+                weight = random_quant_weight(Path(folder), name, k, n)
                 cells = []
                 for m in ROWS:
                     x = torch.randn(m, k)

@@ -13,7 +13,9 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
+from kev.model.gguf_weights import read_blocks
 from kev.model.model_store import ALIASES, _alias_gguf, cache_root
+from kev.model.quant_weight import QuantWeight
 
 SHAPE = {"hidden": 2048, "layers": 16, "heads": 32, "kv_heads": 8, "ffn": 8192}
 TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
@@ -78,6 +80,22 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, rng: np.ran
     for offset, value in zip(at, (scale, (scale.astype(np.float32) * dmin_per_d).astype(np.float16))):
         raw[..., offset: offset + 2] = value[..., None].view(np.uint8)
     return raw.reshape(rows, -1)
+
+
+def random_quant_weight(folder: Path, name: str, k: int, n: int) -> QuantWeight:
+    """One [n, k] linear of random `name` blocks (a GGMLQuantizationType name), read back through a one-tensor GGUF
+    in `folder` as the engine reads a file's weights (the kernel benchmarks' weights)."""
+    qtype = GGMLQuantizationType[name]
+    path = folder / f"{name}-{k}-{n}.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("w", random_blocks(qtype, n, k, np.random.default_rng(0)), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    held = read_blocks(GGUFReader(path).tensors[0])
+    assert held is not None
+    return held.to_weight()
 
 
 def write_random_llama_gguf(path: Path, qtype: GGMLQuantizationType, s: dict[str, int], seed: int = 0,
