@@ -34,7 +34,11 @@ class DraftCosts:
 
     def record_step(self, rows: int, seconds: float) -> None:
         old = self.step_seconds.get(rows)
-        self.step_seconds[rows] = seconds if old is None else old + SMOOTHING * (seconds - old)
+        # A stale average is replaced, not moved: one fresh step says more than what the machine did long ago.
+        if old is None or self._stale(rows):
+            self.step_seconds[rows] = seconds
+        else:
+            self.step_seconds[rows] = old + SMOOTHING * (seconds - old)
         self.steps += 1
         self.measured_at[rows] = self.steps
 
@@ -50,11 +54,14 @@ class DraftCosts:
         best = 0
         for extra in range(1, most + 1):
             seconds = self.step_seconds.get(rows + extra)
-            if seconds is None or self.steps - self.measured_at[rows + extra] >= REMEASURE_AFTER:
+            if seconds is None or self._stale(rows + extra):
                 return extra  # the first row count not measured (lately): try it
             if seconds <= base * (1 + self.kept(extra) / rows):
                 best = extra
         return best
+
+    def _stale(self, rows: int) -> bool:
+        return self.steps - self.measured_at[rows] >= REMEASURE_AFTER
 
     def kept(self, drafted: int) -> float:
         """E(K): the tokens a draft of K is expected to keep (kept up to its first miss)."""

@@ -219,7 +219,7 @@ def test_the_measured_policy_drafts_only_rows_that_pay():
 
 def test_the_measured_policy_measures_a_refused_row_count_again():
     """A row count judged not to pay (here: measured on a busy machine) is tried again after REMEASURE_AFTER decode
-    steps without it, and a quiet measurement then lets drafts back in."""
+    steps without it, and the quiet measurement then replaces the stale one and lets drafts back in."""
     from kev.engine.draft_costs import REMEASURE_AFTER, DraftCosts
 
     costs = DraftCosts(acceptance=0.8)
@@ -231,6 +231,7 @@ def test_the_measured_policy_measures_a_refused_row_count_again():
     assert costs.affordable(1, 1) == 0
     costs.record_step(1, 0.010)
     assert costs.affordable(1, 1) == 1  # REMEASURE_AFTER steps since rows = 2 was measured: measure it again
-    for _ in range(20):
-        costs.record_step(2, 0.011)  # the machine is quiet again
-    assert costs.affordable(1, 1) == 1
+    costs.record_step(2, 0.011)  # the machine is quiet again: the stale average is replaced, not moved
+    assert costs.step_seconds[2] == 0.011 and costs.affordable(1, 1) == 1
+    costs.record_step(2, 0.021)  # a fresh average moves as before
+    assert costs.step_seconds[2] == pytest.approx(0.011 + 0.2 * 0.010)
