@@ -577,7 +577,7 @@ void tile256(const Weights& w, const RowsQ& rq, int64_t row0, int64_t block0, fl
 
 // Rows and column blocks per register tile: the accumulators and integer sums must fit the 32 (AVX2: 16) vector
 // registers. AVX-512 gives them to rows (tile512); AVX2 keeps 4 rows × 2 blocks (each block two halves of 8 columns),
-// 4 blocks for one row.
+// 4 blocks for one or two rows (the same 8-16 accumulators; two rows on the 4-row tile's 2 blocks cost 1.75x one).
 struct TileShape {
   int rows, blocks;
 };
@@ -654,7 +654,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   if (rows == 0) return out;
   const RowsQ rq = quantize_rows(x);
   float* op = out.data_ptr<float>();
-  // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it.
+  // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it (256 KiB: at 1 MiB
+  // every layer of the default model ran on one thread below 4 rows; bench/results/kquant_speed.md).
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / (w.block_stride() * (1 + rows / 4)));
   const TileShape shape = tile_shape(chosen, rows);
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
