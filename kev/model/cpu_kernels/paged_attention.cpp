@@ -6,12 +6,18 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #include <immintrin.h>
+#endif
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KEV_ATTENTION_AVX2 1
+#else
+#define KEV_ATTENTION_AVX2 0
 #endif
 
 #include "vec_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -225,6 +231,138 @@ bool grouped(int64_t group, const float* query, const T* k_ptr, const T* v_ptr, 
 }
 #endif
 
+#if KEV_ATTENTION_AVX2
+// The row kernel on AVX2 + FMA (no AVX-512): one (row, kv head) task for any group size and dim a multiple of 64.
+// A row's bits depend only on its query, its keys and its length, as on AVX-512: each score is one FMA chain over
+// dim in 8-float steps, then one fixed tree across the 8 lanes (sum8); the softmax's maximum, exponentials and sum
+// run in 8-key tiles counted from key 0, the sum in 8 lane accumulators closed by the same tree; each output lane
+// is one FMA chain over the keys in position order. Keys are read in place (no copy into a row buffer), scored 8 at
+// a time for the whole group while the 8 keys sit in L1, and values are taken 64 keys at a time per query head.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// Lane i of the result: the sum of a[i]'s 8 lanes, by one fixed tree of in-register shuffles.
+inline __m256 sum8(const __m256* a) {
+  const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 s45 = _mm256_hadd_ps(a[4], a[5]), s67 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+  // s0123 = [a0 a1 a2 a3 | a0 a1 a2 a3] (low-half sums | high-half sums), likewise s4567 for a4..a7
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+inline float total8(__m256 v) {  // the lanes summed by the same tree as sum8 gives lane 0
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 a[8] = {v, zero, zero, zero, zero, zero, zero, zero};
+  return _mm_cvtss_f32(_mm256_castps256_ps128(sum8(a)));
+}
+
+inline float max8(__m256 v) {  // exact whatever the order
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// exp_approx (vec_math.h) on 8 lanes: the same range reduction and polynomial, each step a separate mul or add.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 shifter = _mm256_set1_ps(12582912.0f);
+  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), shifter),
+                                 shifter);
+  const __m256 r = _mm256_add_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
+                                 _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
+  __m256 p = _mm256_set1_ps(1.3981999507e-3f);
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+inline __m256i tail_mask(int64_t n) {  // lanes 0..n-1 set (n < 8)
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+constexpr int64_t kValueChunk = 64;  // keys per pass over the values (64 x 64 fp32 = 16 KB: stays in L1)
+
+// Writes acc [group, dim] (unnormalised) and total [group] (the probabilities' sums).
+template <typename T>
+void task_avx2(const float* query, const T* k_ptr, const T* v_ptr, const int64_t* slots, int64_t length,
+               int64_t kv_heads, int64_t kv_head, int64_t group, int64_t dim, float scale, float* scores, float* acc,
+               float* total) {
+  const __m256 scale_v = _mm256_set1_ps(scale);
+  const auto key_row = [&](const T* base, int64_t t) { return base + (slots[t] * kv_heads + kv_head) * dim; };
+  for (int64_t t0 = 0; t0 < length; t0 += 8) {
+    const int64_t n = std::min<int64_t>(8, length - t0);
+    const T* keys[8];
+    for (int i = 0; i < 8; ++i) keys[i] = key_row(k_ptr, t0 + std::min<int64_t>(i, n - 1));
+    for (int64_t g = 0; g < group; ++g) {
+      __m256 part[8];
+      for (int i = 0; i < 8; ++i) part[i] = _mm256_setzero_ps();
+      const float* qg = query + g * dim;
+      for (int64_t d = 0; d < dim; d += 8) {
+        const __m256 qd = _mm256_loadu_ps(qg + d);
+        for (int i = 0; i < 8; ++i) part[i] = _mm256_fmadd_ps(qd, load8(keys[i] + d), part[i]);
+      }
+      const __m256 s = _mm256_mul_ps(sum8(part), scale_v);
+      if (n == 8) _mm256_storeu_ps(scores + g * length + t0, s);
+      else _mm256_maskstore_ps(scores + g * length + t0, tail_mask(n), s);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores + g * length;
+    __m256 top = _mm256_set1_ps(-INFINITY);
+    for (int64_t t0 = 0; t0 < length; t0 += 8) {
+      const int64_t n = std::min<int64_t>(8, length - t0);
+      const __m256 v = n == 8 ? _mm256_loadu_ps(s + t0)
+                              : _mm256_blendv_ps(top, _mm256_maskload_ps(s + t0, tail_mask(n)),
+                                                 _mm256_castsi256_ps(tail_mask(n)));
+      top = _mm256_max_ps(top, v);
+    }
+    const __m256 m = _mm256_set1_ps(max8(top));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t0 = 0; t0 < length; t0 += 8) {
+      const int64_t n = std::min<int64_t>(8, length - t0);
+      if (n == 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t0), m));
+        _mm256_storeu_ps(s + t0, e);
+        sum = _mm256_add_ps(sum, e);
+      } else {
+        const __m256i mask = tail_mask(n);
+        const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(s + t0, mask), m)),
+                                       _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(s + t0, mask, e);
+        sum = _mm256_add_ps(sum, e);
+      }
+    }
+    total[g] = total8(sum);
+  }
+  for (int64_t d0 = 0; d0 < dim; d0 += 64) {
+    for (int64_t t0 = 0; t0 < length; t0 += kValueChunk) {  // the chunk's values stay in L1 across the group
+      const int64_t end = std::min(length, t0 + kValueChunk);
+      for (int64_t g = 0; g < group; ++g) {
+        float* a = acc + g * dim + d0;
+        const float* p = scores + g * length;
+        __m256 out[8];
+        for (int v = 0; v < 8; ++v) out[v] = t0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(a + 8 * v);
+        for (int64_t t = t0; t < end; ++t) {
+          const T* value = key_row(v_ptr, t) + d0;
+          const __m256 pt = _mm256_set1_ps(p[t]);
+          for (int v = 0; v < 8; ++v) out[v] = _mm256_fmadd_ps(pt, load8(value + 8 * v), out[v]);
+        }
+        for (int v = 0; v < 8; ++v) _mm256_storeu_ps(a + 8 * v, out[v]);
+      }
+    }
+  }
+}
+#endif
+
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::Tensor& rows,
          const at::Tensor& slots, const at::Tensor& starts, const at::Tensor& lengths, double scale) {
@@ -252,6 +390,7 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
       const int64_t row = row_ptr[channel];
       scores.resize(group * length);
       to_float(q_ptr + row * q_row_stride + kv_head * group * dim, query.data(), group * dim);
+      bool summed = false;  // the task summed the probabilities itself (total)
 #if defined(__AVX512F__)
       if constexpr (std::is_same_v<T, at::Half>) {
         task_scalar(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, dim, scale_f,
@@ -268,11 +407,18 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
                           scores.data(), acc.data());
       } else
 #endif
+#if KEV_ATTENTION_AVX2
+      if (dim % 64 == 0) {
+        task_avx2(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, dim, scale_f,
+                  scores.data(), acc.data(), total.data());
+        summed = true;
+      } else
+#endif
       {
         task_scalar(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, dim, scale_f,
                     scores.data(), acc.data(), key.data());
       }
-      for (int64_t g = 0; g < group; ++g) {
+      for (int64_t g = 0; g < group && !summed; ++g) {
         float sum = 0.0f;
         for (int64_t t = 0; t < length; ++t) sum += scores[g * length + t];
         total[g] = sum;
