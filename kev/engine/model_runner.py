@@ -9,6 +9,7 @@ import torch
 from kev.engine.decode_graphs import DecodeGraphs
 from kev.engine.packer import RowTiling
 from kev.model.attention import PagedKVLayer, prefill_kernel_applies
+from kev.model.cpu_kernels import kernels_label
 from kev.model.llama import LlamaModel
 from kev.model.step_metadata import StepMetadata
 
@@ -82,7 +83,7 @@ def numerics_fingerprint(dtype: torch.dtype, device: torch.device, tiling: RowTi
     torch.int8 under core.precision int8, the GGUF block formats and the quantized kernel's path under gguf;
     device_label: Kev's Triton kernels, the device's linear kernel and its tile probe)."""
     device_kind = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
-    attention = "kernels=kev-cpu" if cpu_kernels else "kernels=torch,attn=sdpa-per-channel"
+    attention = f"kernels={kernels_label()}" if cpu_kernels else "kernels=torch,attn=sdpa-per-channel"
     if device_label:
         attention = device_label
     else:

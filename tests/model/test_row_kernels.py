@@ -43,6 +43,16 @@ def test_silu_mul(dtype):
     assert torch.equal(torch.ops.kev.silu_mul(gate_up[40:41].contiguous())[0], ours[40])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_silu_mul_rounds_the_fp32_result_once(dtype):
+    """The 8-column vector steps and the scalar tail (width 8k + 3) convert to the dtype as torch does (nearest
+    even, NaN stays NaN), from the same fp32 math as the fp32 kernel."""
+    gate_up = (torch.randn(9, 2 * 163, generator=torch.Generator().manual_seed(3)) * 6).to(dtype)
+    gate_up[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+    rounded_once = torch.ops.kev.silu_mul(gate_up.float()).to(dtype)
+    torch.testing.assert_close(torch.ops.kev.silu_mul(gate_up), rounded_once, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rope_in_place_rotates_q_and_k_only(dtype):
     table = RotaryTable(DIM, 10000.0, None, 512).to(torch.device("cpu"), dtype)

@@ -24,13 +24,24 @@ _lock = threading.Lock()
 _loaded: dict[str, bool] = {}
 
 
-def build_dir(cache: Path) -> Path:
+def sources_digest() -> str:
+    """The kernels' sources and the headers they share, the flags and torch's version, hashed."""
     digest = hashlib.sha256()
-    for source in sorted(Path(__file__).parent.glob("*.[ch]*")):  # sources and the header they share
+    for source in sorted(Path(__file__).parent.glob("*.[ch]*")):
         digest.update(source.read_bytes())
     digest.update(" ".join(FLAGS + [torch.__version__]).encode())
     digest.update(b"sources staged in the folder")  # not the folders of older Kevs, which built from the checkout
-    return cache / "kernels" / digest.hexdigest()[:16]
+    return digest.hexdigest()
+
+
+def build_dir(cache: Path) -> Path:
+    return cache / "kernels" / sources_digest()[:16]
+
+
+def kernels_label() -> str:
+    """What the loaded kernels compute a row with, for the numerics fingerprint: their sources (a changed kernel
+    may change bits) and the vector code -march=native chose on this CPU (AVX-512, AVX2 or scalar)."""
+    return f"kev-cpu-{sources_digest()[:8]}-{torch.ops.kev.vector_isa()}"
 
 
 def _staged_sources(folder: Path) -> list[str]:

@@ -6,11 +6,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define KEV_ATTENTION_AVX2 1
+#include "vec_avx2.h"
+#if KEV_AVX2 && !defined(__AVX512F__)
+#define KEV_ATTENTION_AVX2 1  // the AVX-512 kernels where there are, else the 8-lane ones
 #else
 #define KEV_ATTENTION_AVX2 0
 #endif
@@ -21,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -238,13 +240,6 @@ bool grouped(int64_t group, const float* query, const T* k_ptr, const T* v_ptr, 
 // run in 8-key tiles counted from key 0, the sum in 8 lane accumulators closed by the same tree; each output lane
 // is one FMA chain over the keys in position order. Keys are read in place (no copy into a row buffer), scored 8 at
 // a time for the whole group while the 8 keys sit in L1, and values are taken 64 keys at a time per query head.
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
 // Lane i of the result: the sum of a[i]'s 8 lanes, by one fixed tree of in-register shuffles.
 inline __m256 sum8(const __m256* a) {
   const __m256 s01 = _mm256_hadd_ps(a[0], a[1]), s23 = _mm256_hadd_ps(a[2], a[3]);
@@ -265,24 +260,6 @@ inline float max8(__m256 v) {  // exact whatever the order
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
   return _mm_cvtss_f32(m);
-}
-
-// exp_approx (vec_math.h) on 8 lanes: the same range reduction and polynomial, each step a separate mul or add.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-  const __m256 shifter = _mm256_set1_ps(12582912.0f);
-  const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), shifter),
-                                 shifter);
-  const __m256 r = _mm256_add_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
-                                 _mm256_mul_ps(n, _mm256_set1_ps(2.12194440e-4f)));
-  __m256 p = _mm256_set1_ps(1.3981999507e-3f);
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
 inline __m256i tail_mask(int64_t n) {  // lanes 0..n-1 set (n < 8)
@@ -450,9 +427,22 @@ void paged_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, 
   }
 }
 
+// Which vector code the row kernels were built with (-march=native decides it): it changes a row's bits, so the
+// numerics fingerprint names it.
+std::string vector_isa() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif KEV_ATTENTION_AVX2
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
 }  // namespace kev
 
 TORCH_LIBRARY(kev, m) {
+  m.def("vector_isa() -> str", &kev::vector_isa);
   m.def("paged_attention(Tensor q, Tensor kv, Tensor(a!) out, Tensor rows, Tensor slots, Tensor starts, Tensor lengths, float scale) -> ()");
 }
 

@@ -5,11 +5,13 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "vec_avx2.h"
 #include "vec_math.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace kev {
 
@@ -166,7 +168,17 @@ void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out) {
       const T* g = gp + r * 2 * width;
       const T* u = g + width;
       T* o = op + r * width;
-      for (int64_t i = 0; i < width; ++i) {
+      int64_t i = 0;
+#if KEV_AVX2
+      if constexpr (!std::is_same_v<T, double>) {
+        for (; i + 8 <= width; i += 8) {  // the same steps on 8 columns (the scalar tail: the same columns every row)
+          const __m256 x = load8(g + i);
+          const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+          store8(o + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), load8(u + i)));
+        }
+      }
+#endif
+      for (; i < width; ++i) {
         const float x = to_f(g[i]);
         o[i] = from_f<T>(x / (1.0f + kev::exp_approx(-x)) * to_f(u[i]));
       }
