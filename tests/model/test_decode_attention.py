@@ -92,3 +92,32 @@ def test_the_kernel_is_attention_at_every_group_and_head_size(heads, kv_heads, d
                                                enable_gqa=True)[0, :, 0]
         tolerance = 1e-5 if dtype == torch.float32 else 2e-2
         assert (out.float() - exact).abs().max() < tolerance, (ctx, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_rows_bits_do_not_depend_on_the_rows_sharing_its_call(dtype, kernel_built):
+    """A prompt chunk's rows share their channel's keys (and, on AVX2, one task per 8 rows): each row's output must
+    be what it is alone and whatever the chunking, at lengths on and off the 8-key tiles and 64-key value passes."""
+    assert kernel_built
+    gen = torch.Generator().manual_seed(5)
+    cache = PagedKVLayer(SLOTS, KV_HEADS, DIM, dtype, torch.device("cpu"))
+    cache.kv.copy_(torch.randn(cache.kv.shape, generator=gen))
+    context = 203
+    slots = torch.randperm(SLOTS, generator=gen)[:context]
+    q = torch.randn(context, HEADS, DIM, generator=gen).to(dtype)
+
+    def attend(positions: list[int]) -> torch.Tensor:
+        """Rows at these positions (causal: position p sees p + 1 keys), all in one call."""
+        out = torch.zeros(context, HEADS, DIM, dtype=dtype)
+        rows = torch.tensor(positions)
+        torch.ops.kev.paged_attention(q, cache.kv, out, rows, slots, torch.zeros_like(rows), rows + 1, DIM ** -0.5)
+        return out
+
+    whole = attend(list(range(context)))
+    for chunk in ([list(range(0, 70)), list(range(70, 129)), list(range(129, context))],
+                  [list(range(p, min(p + 13, context))) for p in range(0, context, 13)]):
+        for positions in chunk:
+            part = attend(positions)
+            assert torch.equal(part[positions], whole[positions]), (positions[0], dtype)
+    for position in (0, 7, 8, 63, 64, 65, 130, context - 1):
+        assert torch.equal(attend([position])[position], whole[position]), (position, dtype)

@@ -267,76 +267,132 @@ inline __m256i tail_mask(int64_t n) {  // lanes 0..n-1 set (n < 8)
 }
 
 constexpr int64_t kValueChunk = 64;  // keys per pass over the values (64 x 64 fp32 = 16 KB: stays in L1)
+constexpr int64_t kTaskRows = 8;      // rows of one prompt chunk per task: each key and value read once for all
 
-// Writes acc [group, dim] (unnormalised) and total [group] (the probabilities' sums).
+// One task: up to kTaskRows rows that share their channel's key slots (one prompt chunk, each row with its own causal
+// length; a decode row alone) × one kv head. Each row's arithmetic is exactly the single row's whatever rows share the
+// task: the rows only share the loads (a tile of 8 keys, a chunk of 64 values, while they sit in L1), which is what
+// cuts the traffic of a long document's keys by the rows. Writes acc [rows][group][dim] (unnormalised) and total
+// [rows][group] (the probabilities' sums); scores: [rows][group][length of the longest row].
 template <typename T>
-void task_avx2(const float* query, const T* k_ptr, const T* v_ptr, const int64_t* slots, int64_t length,
-               int64_t kv_heads, int64_t kv_head, int64_t group, int64_t dim, float scale, float* scores, float* acc,
-               float* total) {
+void rows_avx2(const float* const* queries, const int64_t* lengths, int64_t nrows, const T* k_ptr, const T* v_ptr,
+               const int64_t* slots, int64_t kv_heads, int64_t kv_head, int64_t group, int64_t dim, float scale,
+               float* scores, float* acc, float* total) {
   const __m256 scale_v = _mm256_set1_ps(scale);
   const auto key_row = [&](const T* base, int64_t t) { return base + (slots[t] * kv_heads + kv_head) * dim; };
-  for (int64_t t0 = 0; t0 < length; t0 += 8) {
-    const int64_t n = std::min<int64_t>(8, length - t0);
+  int64_t longest = 0;
+  for (int64_t r = 0; r < nrows; ++r) longest = std::max(longest, lengths[r]);
+  for (int64_t t0 = 0; t0 < longest; t0 += 8) {
     const T* keys[8];
-    for (int i = 0; i < 8; ++i) keys[i] = key_row(k_ptr, t0 + std::min<int64_t>(i, n - 1));
-    for (int64_t g = 0; g < group; ++g) {
-      __m256 part[8];
-      for (int i = 0; i < 8; ++i) part[i] = _mm256_setzero_ps();
-      const float* qg = query + g * dim;
-      for (int64_t d = 0; d < dim; d += 8) {
-        const __m256 qd = _mm256_loadu_ps(qg + d);
-        for (int i = 0; i < 8; ++i) part[i] = _mm256_fmadd_ps(qd, load8(keys[i] + d), part[i]);
+    for (int i = 0; i < 8; ++i) keys[i] = key_row(k_ptr, std::min<int64_t>(t0 + i, longest - 1));
+    for (int64_t r = 0; r < nrows; ++r) {
+      const int64_t n = std::min<int64_t>(8, lengths[r] - t0);  // this row's keys in the tile; the rest are dropped
+      if (n <= 0) continue;
+      for (int64_t g = 0; g < group; ++g) {
+        __m256 part[8];
+        for (int i = 0; i < 8; ++i) part[i] = _mm256_setzero_ps();
+        const float* qg = queries[r] + g * dim;
+        for (int64_t d = 0; d < dim; d += 8) {
+          const __m256 qd = _mm256_loadu_ps(qg + d);
+          for (int i = 0; i < 8; ++i) part[i] = _mm256_fmadd_ps(qd, load8(keys[i] + d), part[i]);
+        }
+        float* out = scores + (r * group + g) * longest + t0;
+        const __m256 sv = _mm256_mul_ps(sum8(part), scale_v);
+        if (n == 8) _mm256_storeu_ps(out, sv);
+        else _mm256_maskstore_ps(out, tail_mask(n), sv);
       }
-      const __m256 s = _mm256_mul_ps(sum8(part), scale_v);
-      if (n == 8) _mm256_storeu_ps(scores + g * length + t0, s);
-      else _mm256_maskstore_ps(scores + g * length + t0, tail_mask(n), s);
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = scores + g * length;
-    __m256 top = _mm256_set1_ps(-INFINITY);
-    for (int64_t t0 = 0; t0 < length; t0 += 8) {
-      const int64_t n = std::min<int64_t>(8, length - t0);
-      const __m256 v = n == 8 ? _mm256_loadu_ps(s + t0)
-                              : _mm256_blendv_ps(top, _mm256_maskload_ps(s + t0, tail_mask(n)),
-                                                 _mm256_castsi256_ps(tail_mask(n)));
-      top = _mm256_max_ps(top, v);
-    }
-    const __m256 m = _mm256_set1_ps(max8(top));
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t t0 = 0; t0 < length; t0 += 8) {
-      const int64_t n = std::min<int64_t>(8, length - t0);
-      if (n == 8) {
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t0), m));
-        _mm256_storeu_ps(s + t0, e);
-        sum = _mm256_add_ps(sum, e);
-      } else {
-        const __m256i mask = tail_mask(n);
-        const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(s + t0, mask), m)),
-                                       _mm256_castsi256_ps(mask));
-        _mm256_maskstore_ps(s + t0, mask, e);
-        sum = _mm256_add_ps(sum, e);
+  for (int64_t r = 0; r < nrows; ++r) {
+    const int64_t length = lengths[r];
+    for (int64_t g = 0; g < group; ++g) {
+      float* s = scores + (r * group + g) * longest;
+      __m256 top = _mm256_set1_ps(-INFINITY);
+      for (int64_t t0 = 0; t0 < length; t0 += 8) {
+        const int64_t n = std::min<int64_t>(8, length - t0);
+        const __m256 v = n == 8 ? _mm256_loadu_ps(s + t0)
+                                : _mm256_blendv_ps(top, _mm256_maskload_ps(s + t0, tail_mask(n)),
+                                                   _mm256_castsi256_ps(tail_mask(n)));
+        top = _mm256_max_ps(top, v);
       }
+      const __m256 m = _mm256_set1_ps(max8(top));
+      __m256 sum = _mm256_setzero_ps();
+      for (int64_t t0 = 0; t0 < length; t0 += 8) {
+        const int64_t n = std::min<int64_t>(8, length - t0);
+        if (n == 8) {
+          const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t0), m));
+          _mm256_storeu_ps(s + t0, e);
+          sum = _mm256_add_ps(sum, e);
+        } else {
+          const __m256i mask = tail_mask(n);
+          const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(s + t0, mask), m)),
+                                         _mm256_castsi256_ps(mask));
+          _mm256_maskstore_ps(s + t0, mask, e);
+          sum = _mm256_add_ps(sum, e);
+        }
+      }
+      total[r * group + g] = total8(sum);
     }
-    total[g] = total8(sum);
   }
   for (int64_t d0 = 0; d0 < dim; d0 += 64) {
-    for (int64_t t0 = 0; t0 < length; t0 += kValueChunk) {  // the chunk's values stay in L1 across the group
-      const int64_t end = std::min(length, t0 + kValueChunk);
-      for (int64_t g = 0; g < group; ++g) {
-        float* a = acc + g * dim + d0;
-        const float* p = scores + g * length;
-        __m256 out[8];
-        for (int v = 0; v < 8; ++v) out[v] = t0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(a + 8 * v);
-        for (int64_t t = t0; t < end; ++t) {
-          const T* value = key_row(v_ptr, t) + d0;
-          const __m256 pt = _mm256_set1_ps(p[t]);
-          for (int v = 0; v < 8; ++v) out[v] = _mm256_fmadd_ps(pt, load8(value + 8 * v), out[v]);
+    for (int64_t t0 = 0; t0 < longest; t0 += kValueChunk) {  // the chunk's values stay in L1 across rows and group
+      for (int64_t r = 0; r < nrows; ++r) {
+        const int64_t end = std::min(lengths[r], t0 + kValueChunk);
+        if (end <= t0) continue;
+        for (int64_t g = 0; g < group; ++g) {
+          float* a = acc + (r * group + g) * dim + d0;
+          const float* p = scores + (r * group + g) * longest;
+          __m256 out[8];
+          for (int v = 0; v < 8; ++v) out[v] = t0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(a + 8 * v);
+          for (int64_t t = t0; t < end; ++t) {
+            const T* value = key_row(v_ptr, t) + d0;
+            const __m256 pt = _mm256_set1_ps(p[t]);
+            for (int v = 0; v < 8; ++v) out[v] = _mm256_fmadd_ps(pt, load8(value + 8 * v), out[v]);
+          }
+          for (int v = 0; v < 8; ++v) _mm256_storeu_ps(a + 8 * v, out[v]);
         }
-        for (int v = 0; v < 8; ++v) _mm256_storeu_ps(a + 8 * v, out[v]);
       }
     }
   }
+}
+
+// run() on AVX2 (dim a multiple of 64): consecutive entries with the same key slots (one prompt chunk's rows) go to
+// one task, up to kTaskRows of them.
+template <typename T>
+void run_avx2(const T* q_ptr, int64_t q_row_stride, const T* k_ptr, const T* v_ptr, T* out_ptr, const int64_t* row_ptr,
+              const int64_t* slot_ptr, const int64_t* start_ptr, const int64_t* length_ptr, int64_t num_channels,
+              int64_t heads, int64_t kv_heads, int64_t dim, float scale, bool one_thread) {
+  const int64_t group = heads / kv_heads;
+  std::vector<int64_t> firsts;  // first entry of each task's rows
+  for (int64_t i = 0; i < num_channels; ++i)
+    if (firsts.empty() || start_ptr[i] != start_ptr[firsts.back()] || i - firsts.back() == kTaskRows) firsts.push_back(i);
+  const int64_t tasks = static_cast<int64_t>(firsts.size());
+  firsts.push_back(num_channels);
+  at::parallel_for(0, tasks * kv_heads, one_thread ? tasks * kv_heads : 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(kTaskRows * group * dim), acc(kTaskRows * group * dim), scores, total(kTaskRows * group);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t first = firsts[task / kv_heads], nrows = firsts[task / kv_heads + 1] - first;
+      const int64_t kv_head = task % kv_heads;
+      const float* queries[kTaskRows];
+      int64_t longest = 0;
+      for (int64_t r = 0; r < nrows; ++r) {
+        to_float(q_ptr + row_ptr[first + r] * q_row_stride + kv_head * group * dim, query.data() + r * group * dim,
+                 group * dim);
+        queries[r] = query.data() + r * group * dim;
+        longest = std::max(longest, length_ptr[first + r]);
+      }
+      scores.resize(nrows * group * longest);
+      rows_avx2(queries, length_ptr + first, nrows, k_ptr, v_ptr, slot_ptr + start_ptr[first], kv_heads, kv_head,
+                group, dim, scale, scores.data(), acc.data(), total.data());
+      for (int64_t r = 0; r < nrows; ++r)
+        for (int64_t g = 0; g < group; ++g) {
+          T* o = out_ptr + (row_ptr[first + r] * heads + kv_head * group + g) * dim;
+          const float inverse = 1.0f / total[r * group + g];
+          const float* a = acc.data() + (r * group + g) * dim;
+          for (int64_t d = 0; d < dim; ++d) o[d] = static_cast<T>(a[d] * inverse);
+        }
+    }
+  });
 }
 #endif
 
@@ -359,6 +415,13 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
   int64_t key_reads = 0;  // a plain loop: no tensor op per layer on the step's hot path
   for (int64_t i = 0; i < num_channels; ++i) key_reads += length_ptr[i] * heads;
   const int64_t grain = key_reads < kMinParallelKeyReads ? num_channels * kv_heads : 1;
+#if KEV_ATTENTION_AVX2
+  if (dim % 64 == 0) {
+    run_avx2(q_ptr, q_row_stride, k_ptr, v_ptr, out_ptr, row_ptr, slot_ptr, start_ptr, length_ptr, num_channels, heads,
+             kv_heads, dim, scale_f, key_reads < kMinParallelKeyReads);
+    return;
+  }
+#endif
   at::parallel_for(0, num_channels * kv_heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> query(group * dim), key(dim), acc(group * dim), scores, total(group);
     for (int64_t task = begin; task < end; ++task) {
@@ -367,7 +430,6 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
       const int64_t row = row_ptr[channel];
       scores.resize(group * length);
       to_float(q_ptr + row * q_row_stride + kv_head * group * dim, query.data(), group * dim);
-      bool summed = false;  // the task summed the probabilities itself (total)
 #if defined(__AVX512F__)
       if constexpr (std::is_same_v<T, at::Half>) {
         task_scalar(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, dim, scale_f,
@@ -384,18 +446,11 @@ void run(const at::Tensor& q, const at::Tensor& kv, at::Tensor& out, const at::T
                           scores.data(), acc.data());
       } else
 #endif
-#if KEV_ATTENTION_AVX2
-      if (dim % 64 == 0) {
-        task_avx2(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, dim, scale_f,
-                  scores.data(), acc.data(), total.data());
-        summed = true;
-      } else
-#endif
       {
         task_scalar(query.data(), k_ptr, v_ptr, slot_ptr + first, length, kv_heads, kv_head, group, dim, scale_f,
                     scores.data(), acc.data(), key.data());
       }
-      for (int64_t g = 0; g < group && !summed; ++g) {
+      for (int64_t g = 0; g < group; ++g) {
         float sum = 0.0f;
         for (int64_t t = 0; t < length; ++t) sum += scores[g * length + t];
         total[g] = sum;
