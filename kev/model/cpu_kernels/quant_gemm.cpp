@@ -54,7 +54,7 @@ namespace {
 
 constexpr int kCols = 16;     // output columns per packed block
 constexpr int kBlockK = 32;   // k per quant block
-constexpr int kMaxRows = 4;   // rows per AVX2 register tile
+constexpr int kMaxRows = 6;   // rows per AVX2 register tile
 constexpr int kMaxBlocks = 4; // column blocks per AVX2 register tile
 constexpr int kRows512 = 8;   // rows per AVX-512 register tile (one column block)
 constexpr int kBlocks512 = 8; // column blocks per AVX-512 tile of one or two rows
@@ -481,9 +481,10 @@ inline void half256(const Weights& w, const RowsQ& rq, int64_t row0, const uint8
   }
 }
 
-// The same tile on 256 bits: each 16-column block is two halves of 8 columns, each half the same sums. One tile per
-// kind: with the kind a constant, the compiler drops the other kinds' branches and layout arithmetic from the inner
-// loops (1.1-1.25x on one Zen 3 thread at M >= 8 against one tile reading w.kind at run time).
+// The same tile on 256 bits: each 16-column block is two halves of 8 columns, each half the same sums, one half at a
+// time over all of K (an element's blocks still add in k order). One tile per kind: with the kind a constant, the
+// compiler drops the other kinds' branches and layout arithmetic from the inner loops (1.1-1.25x on one Zen 3 thread
+// at M >= 8 against one tile reading w.kind at run time).
 template <Kind K, int NB, int MR>
 void tile256(const Weights& weights, const RowsQ& rq, int64_t row0, int64_t block0, float* out) {
   // 4-bit quants (0..15) times int8 (|x| <= 127): a pair sum is at most 3,810, so a block's 8 pair sums per lane
@@ -500,8 +501,8 @@ void tile256(const Weights& weights, const RowsQ& rq, int64_t row0, int64_t bloc
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < 2 * NB; ++j) acc[r][j] = _mm256_setzero_ps();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  for (int64_t b = 0; b < rq.kblocks; ++b) {
-    for (int j = 0; j < 2 * NB; ++j) {
+  for (int j = 0; j < 2 * NB; ++j) {
+    for (int64_t b = 0; b < rq.kblocks; ++b) {
       const uint8_t* cell = w.cell(block0 + j / 2, b);
       const uint8_t* qs = cell + (j % 2) * 32;
       __m256i isum[MR];
@@ -596,8 +597,9 @@ void tile256(const Weights& weights, const RowsQ& rq, int64_t row0, int64_t bloc
 
 
 // Rows and column blocks per register tile: the accumulators and integer sums must fit the 32 (AVX2: 16) vector
-// registers. AVX-512 gives them to rows (tile512); AVX2 keeps 4 rows × 2 blocks (each block two halves of 8 columns),
-// 4 blocks for one or two rows (the same 8-16 accumulators; two rows on the 4-row tile's 2 blocks cost 1.75x one).
+// registers. AVX-512 gives them to rows (tile512). AVX2 walks one 8-column half at a time over all of K (tile256), so
+// a tile holds one accumulator and one integer sum per row: 6 rows share each unpacked weight vector (4 rows: 5%
+// slower at M = 64 on Zen 3); the blocks (each two halves) only say how many columns a call covers.
 struct TileShape {
   int rows, blocks;
 };
@@ -622,7 +624,7 @@ TileFn pick_tile(Path path, Kind kind, int nb, int mr) {
   }
 #endif
 #if KEV_QUANT_AVX2
-#define KEV_ROW(K, nb) {tile256<K, nb, 1>, tile256<K, nb, 2>, tile256<K, nb, 3>, tile256<K, nb, 4>}
+#define KEV_ROW(K, nb) {tile256<K, nb, 1>, tile256<K, nb, 2>, tile256<K, nb, 3>, tile256<K, nb, 4>, tile256<K, nb, 5>, tile256<K, nb, 6>}
 #define KEV_KIND(K) {KEV_ROW(K, 1), KEV_ROW(K, 2), KEV_ROW(K, 3), KEV_ROW(K, 4)}
   static const TileFn table256[6][kMaxBlocks][kMaxRows] = {KEV_KIND(kQ8), KEV_KIND(kQ4), KEV_KIND(kQ4Min),
                                                             KEV_KIND(kQ4K), KEV_KIND(kQ5K), KEV_KIND(kQ6K)};
