@@ -24,7 +24,7 @@ from kev.bench.random_gguf import random_quant_weight
 from kev.model.cpu_kernels import load_cpu_kernels
 from kev.model.model_store import cache_root
 from kev.model.linear import GemmWeight
-from kev.model.quant_weight import QuantWeight, active_path, pack_w8a8
+from kev.model.quant_weight import QuantWeight, active_path, pack_w8a8, w8a8_paths
 from kev.model.quantize import quantize_rows
 
 TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
@@ -65,7 +65,8 @@ def fractions(args: argparse.Namespace) -> None:
                 cells = []
                 for m in rows:
                     rate = m * k * n / best[m][name] / 1e6
-                    peak = args.peak_amx_int8 if name == "w8a8" and m >= 4 else peaks[name]
+                    amx = name == "w8a8" and m >= 4 and w8a8_paths()[:1] == ("amx",)
+                    peak = args.peak_amx_int8 if amx else peaks[name]
                     share = f" ({rate / peak:.0%})" if peak else ""
                     cells.append(f"{best[m][name]:.3f} | {rate:.0f}{share}")
                 print(f"| {name} | {k}→{n} | " + " | ".join(cells) + " |")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import platform
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,8 +35,22 @@ def sources_digest() -> str:
     return digest.hexdigest()
 
 
+def cpu_features() -> str:
+    """What -march=native compiles for: the processor's feature flags (Linux), else its name. A kernel built on one
+    CPU can hold instructions another lacks (SIGILL), so a cache shared between machines (a network home) must not
+    hand one CPU's build to another."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith(("flags", "Features"))),
+                        platform.processor())
+    except OSError:
+        return platform.processor()
+
+
 def build_dir(cache: Path) -> Path:
-    return cache / "kernels" / sources_digest()[:16]
+    """One folder per source set and processor."""
+    cpu = hashlib.sha256(cpu_features().encode()).hexdigest()[:8]
+    return cache / "kernels" / f"{sources_digest()[:16]}-{cpu}"
 
 
 def kernels_label() -> str:
