@@ -1,10 +1,12 @@
 """The default model's linear shapes (576 -> 1536, 1536 -> 576) on Kev's quantized-activation kernel at the few-row
 counts a decode step has at N = 1 and with drafts (M = 1, 2, 4, 8) and beyond, Q4_1 (the default GGUF's type), Q4_K
-and Q6_K: the fastest of 150 calls, in ms, 2 threads. The weights stay in cache, so this measures the kernel's own
+and Q6_K: the fastest of 150 calls, in ms, by default 2 threads. The weights stay in cache, so this measures the kernel's own
 work and threading, not memory. Compare two trees by running it under each, alternately (a loaded machine's min of
-150 is stable to a few percent): `PYTHONPATH=<tree> .venv/bin/python bench/quant_small_rows.py`."""
+150 is stable to a few percent): `PYTHONPATH=<tree> .venv/bin/python bench/quant_small_rows.py [--threads 1]` (one
+thread: the kernel's own arithmetic, the steadiest figure beside other work; GMAC/s printed beside each ms)."""
 from __future__ import annotations
 
+import argparse
 import platform
 import tempfile
 import time
@@ -20,9 +22,13 @@ ROWS = (1, 2, 4, 8, 16, 64)
 
 
 def main() -> None:
-    torch.set_num_threads(2)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    threads = parser.parse_args().threads
+    torch.set_num_threads(threads)
     load_cpu_kernels(cache_root())
-    print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 2 threads; ms, fastest of 150")
+    print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {threads} threads; "
+          "ms (GMAC/s), fastest of 150")
     print("| type | in→out | " + " | ".join(f"M={m}" for m in ROWS) + " |")
     print("|---|---|" + "---|" * len(ROWS))
     with tempfile.TemporaryDirectory() as folder:
@@ -40,7 +46,7 @@ def main() -> None:
                         start = time.perf_counter()
                         weight(x)
                         best = min(best, time.perf_counter() - start)
-                    cells.append(f"{best * 1e3:.4f}")
+                    cells.append(f"{best * 1e3:.4f} ({m * k * n / best / 1e9:.0f})")
                 print(f"| {name} | {k}→{n} | " + " | ".join(cells) + " |")
 
 
