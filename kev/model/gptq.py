@@ -11,8 +11,10 @@ calibration rows) and then gives the w8a8 output (its input quantized per row as
 weight), so every later linear is calibrated on the inputs the quantized model will give it.
 
 Kev's calibration text is short (1,109 tokens), so H is damped far more than the reference's 1% (DAMP: less damping
-fits the calibration rows and loses on other text). The column loop runs on one thread (one_thread): faster, and the
-same bits at any thread count. Its cost at load: ~20 s on the default model (bench/results/w8a8_quality.md).
+fits the calibration rows and loses on other text). The column loop runs on one thread (one_thread): ~10x faster
+on busy cores, and its bits do not depend on the thread count (the default model's int8 file built at 1 and 2 threads
+is the same bits). Its cost at load, once per model (cached): ~29 s of one core on the default model, +23 s wall
+with 2 threads (bench/results/w8a8_quality.md).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
 from kev.model.quant_weight import quantize_per_row
 
-BLOCK = 32  # columns updated together (the lazy batch of GPTQ's reference code; the result does not depend on it)
+BLOCK = 32  # columns updated together (the lazy batch of GPTQ's reference code; the same result in exact arithmetic)
 # H's diagonal plus this fraction of its mean. GPTQ's reference code takes 0.01 with ~260k calibration tokens; Kev's
 # calibration text is 1,109 tokens, fewer than down_proj's 1,536 inputs, and a small damping fits that text's own
 # rows: summed over 28 of the default model's linears (every 5th layer), the w8a8 output error against round to
