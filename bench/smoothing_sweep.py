@@ -66,6 +66,14 @@ def parse_alphas(entry: str) -> dict[str, float] | None:
     return {fold: float(alpha) for fold, alpha in (part.split("=") for part in entry.split(":"))}
 
 
+def parse_clip(entry: str) -> tuple[float, ...]:
+    """"none": (); "1-0.8-0.01": 1.0, 0.99 .. 0.8."""
+    if entry == "none":
+        return ()
+    start, stop, step = (float(v) for v in entry.split("-"))
+    return tuple(round(start - step * i, 4) for i in range(int(round((start - stop) / step)) + 1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -76,6 +84,14 @@ def main() -> None:
     parser.add_argument("--bf16-activations", action="store_true",
                         help="w8a8 with bf16 activations as on a CPU with native bf16 (avx512_bf16 / AMX): the dtype "
                              "choice only (kev/config/precision.py), for a machine without it")
+    parser.add_argument("--clip", default="default",
+                        help="weight clip ratios searched per output row (smoothing.CLIP): default, none, or "
+                             "start-stop-step, e.g. 1-0.8-0.01")
+    parser.add_argument("--clip-rows", type=int, default=None,
+                        help="the clip search's calibration rows at most (smoothing.CLIP_ROWS; 0: all)")
+    parser.add_argument("--gptq", default="default",
+                        help="the int8 weights rounded by GPTQ with this damping (smoothing.GPTQ, kev/model/gptq.py), "
+                             "or off: to nearest")
     parser.add_argument("--w8a8-only", default="",
                         help="diagnostic: int8 activations only for these linears (qkv_proj,o_proj,gate_up_proj,"
                              "down_proj), the others int8 weight-only")
@@ -83,16 +99,25 @@ def main() -> None:
     if args.bf16_activations:
         precision.cpu_bf16_flags = lambda: ("avx512_bf16",)  # type: ignore[assignment]
         precision.pick_precision.cache_clear()
+    if args.clip != "default":
+        smoothing.CLIP = parse_clip(args.clip)
+    if args.clip_rows is not None:
+        smoothing.CLIP_ROWS = args.clip_rows
+    if args.gptq != "default":
+        smoothing.GPTQ = None if args.gptq == "off" else float(args.gptq)
     if args.w8a8_only:
         weights.to_w8a8 = w8a8_only(set(args.w8a8_only.split(",")))
     print(json.dumps({"uptime": os.getloadavg(), "cache": os.environ.get("KEV_CACHE_DIR"),
-                      "activations": "bf16" if args.bf16_activations else "default"}), flush=True)
+                      "activations": "bf16" if args.bf16_activations else "default",
+                      "clip": smoothing.CLIP, "clip_rows": smoothing.CLIP_ROWS, "gptq": smoothing.GPTQ}), flush=True)
     rows = {}
     if not args.no_baselines:
         rows["bf16"] = perplexity(args.model, "bf16")
         print(json.dumps({"bf16": rows["bf16"]}), flush=True)
-        smoothing.ALPHAS, smoothing.AUTO = None, None  # no smoothing: load_model skips it
+        clip, gptq, smoothing.CLIP, smoothing.GPTQ = smoothing.CLIP, smoothing.GPTQ, (), None
+        smoothing.ALPHAS, smoothing.AUTO = None, None  # no smoothing, clipping nor GPTQ: load_model skips it
         rows["w8a8"] = perplexity(args.model, "w8a8")
+        smoothing.CLIP, smoothing.GPTQ = clip, gptq
         print(json.dumps({"w8a8": rows["w8a8"]}), flush=True)
     for entry in args.alphas.split(","):
         smoothing.ALPHAS = parse_alphas(entry)

@@ -27,10 +27,12 @@ SCALE_SUFFIX = ".scale"
 log = logging.getLogger(__name__)
 
 
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 q, fp32 scale) with weight ≈ q · scale[:, None]: each row's largest magnitude maps to 127."""
+def quantize_rows(weight: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 q, fp32 scale) with weight ≈ q · scale[:, None]: each row's largest magnitude maps to 127, or the scale
+    given (w8a8's clip search, kev/model/smoothing.py: the few weights beyond 127 · scale saturate at ±127)."""
     w = weight.float()
-    scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    if scale is None:
+        scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
     return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
 
 
@@ -52,11 +54,14 @@ def linear_names(model: LlamaModel) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, Linear)]
 
 
-def quantize_state(state: dict[str, torch.Tensor], model: LlamaModel) -> dict[str, torch.Tensor]:
-    """The state with every Linear's weight int8 and its scale beside it (as `<linear>.scale`)."""
+def quantize_state(state: dict[str, torch.Tensor], model: LlamaModel,
+                   scales: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The state with every Linear's weight int8 and its scale beside it (as `<linear>.scale`); scales: {linear name:
+    scale per output row} for the linears whose scale was searched (w8a8's clip search), the others max|w| / 127."""
     out = dict(state)
     for name in linear_names(model):
-        out[f"{name}.weight"], out[name + SCALE_SUFFIX] = quantize_rows(state[f"{name}.weight"])
+        given = scales.get(name) if scales else None
+        out[f"{name}.weight"], out[name + SCALE_SUFFIX] = quantize_rows(state[f"{name}.weight"], given)
     return out
 
 

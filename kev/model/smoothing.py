@@ -15,6 +15,9 @@ output row. The division is folded into what makes X, so nothing is computed at 
 on the calibration forward each smoothable linear's input X and weight W are smoothed at every α of GRID, both
 quantized as the kernel does, and the α (or no smoothing) whose output is nearest X W^T in fp32 is folded.
 
+After the fold, GPTQ (kev/model/gptq.py, GPTQ below) chooses each layer linear's int8 integers on a second forward of
+the same text; the scale stays max|w| / 127 per output row.
+
 Each fold is exact in real arithmetic. The head stays out (int8 weight-only: kev/model/quantize.py's to_w8a8), and
 so does the final norm. max|X_j| comes from one fp32 forward of Kev's own model over a fixed calibration text that
 ships with Kev (calibration/smoothing.txt, written for this, never the held-out text quality is measured on).
@@ -31,6 +34,7 @@ import torch
 
 from kev.model.attention import PagedKVLayer
 from kev.model.gemma import GemmaLayer
+from kev.model.gptq import DAMP
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
 from kev.model.quant_weight import quantize_per_row
@@ -55,6 +59,16 @@ AUTO: tuple[float, ...] | None = GRID
 # quantizes as the whole would): its cost at load, ~14 · 30 · rows · K · outputs multiply-adds on the default model.
 SEARCH_ROWS = 256
 SEARCH_OUTPUTS = 256
+# Each w8a8 linear's weight scale per output row: max|w| · c / 127, c searched per row over CLIP (after smoothing, on a
+# second calibration forward of the smoothed model: the row's w8a8 output nearest its fp32 output over CLIP_ROWS
+# calibration rows, as AWQ's clip search / llama.cpp's make_qx_quants choose a scale). () for none: c = 1.
+# Measured, not kept: 1.0 .. 0.8 by 0.01 over every calibration row took held-out perplexity from 1.0117x bf16 to
+# 1.0138x (bench/results/w8a8_quality.md; bench/smoothing_sweep.py --gptq off --clip 1-0.8-0.01 --clip-rows 0).
+CLIP: tuple[float, ...] = ()
+CLIP_ROWS = 256
+# GPTQ's rounding of each w8a8 linear's int8 weight (kev/model/gptq.py), after the smoothing fold: sequential, on the
+# same calibration text, with this damping (H's diagonal plus damp · its mean). None: round to nearest.
+GPTQ: float | None = DAMP
 _TINY = 1e-5  # floor for maxima and factors: a channel that is never used gets s = tiny^α / ..., never 0 or inf
 
 
@@ -65,6 +79,9 @@ class Smoothing:
     grid: tuple[float, ...] = ()  # α searched per layer and fold (every fold, no smoothing a choice too); () for none
     rows: int = 0  # the search's rows at most (search_alphas' max_rows)
     outputs: int = 0  # the search's output channels at most (max_outputs)
+    clip: tuple[float, ...] = ()  # clip ratios searched per output row (search_clips); () for none
+    clip_rows: int = 0  # the clip search's calibration rows at most
+    gptq: float | None = None  # int8 weights rounded by GPTQ at this damping (kev/model/gptq.py); None: to nearest
 
     @property
     def tag(self) -> str:
@@ -75,18 +92,27 @@ class Smoothing:
             folds = f"auto{self.grid[0]:g}-{self.grid[-1]:g}n{len(self.grid)}r{self.rows}o{self.outputs}h{grid}"
         else:
             folds = "".join(f"{fold[0]}{alpha:g}" for fold, alpha in self.alphas)  # q0.5g0.5o0.5d0.75
+        if self.clip:  # c1-0.8n21r256h<hash of the clip grid>
+            grid = hashlib.sha256(",".join(f"{c:g}" for c in self.clip).encode()).hexdigest()[:4]
+            folds += f"c{self.clip[0]:g}-{self.clip[-1]:g}n{len(self.clip)}r{self.clip_rows}h{grid}"
+        if self.gptq is not None:
+            folds += f"gptq{self.gptq:g}"
         return f"sq{folds}-{hashlib.sha256(self.text.encode()).hexdigest()[:8]}"
 
 
 def default_smoothing() -> Smoothing | None:
+    assert not (CLIP and GPTQ is not None), "w8a8: the clip search or GPTQ, not both (GPTQ keeps max|w| / 127)"
     text = CALIBRATION.read_text(encoding="utf-8")
+    clip: dict = {"clip": tuple(CLIP), "clip_rows": CLIP_ROWS} if CLIP else {}
+    if GPTQ is not None:
+        clip["gptq"] = GPTQ
     if AUTO is not None:
-        return Smoothing((), text, tuple(AUTO), SEARCH_ROWS, SEARCH_OUTPUTS)
+        return Smoothing((), text, tuple(AUTO), SEARCH_ROWS, SEARCH_OUTPUTS, **clip)
     if ALPHAS is None:
-        return None
+        return Smoothing((), text, **clip) if clip else None
     unknown = set(ALPHAS) - set(FOLDS)
     assert not unknown, f"smoothing folds {unknown}: use {FOLDS}"
-    return Smoothing(tuple((f, ALPHAS[f]) for f in FOLDS if f in ALPHAS), text)
+    return Smoothing(tuple((f, ALPHAS[f]) for f in FOLDS if f in ALPHAS), text, **clip)
 
 
 def activation_maxima(model: LlamaModel, ids: list[int]) -> dict[str, torch.Tensor]:
@@ -211,6 +237,54 @@ def search_alphas(model: LlamaModel, ids: list[int], grid: tuple[float, ...], ma
         picked = {fold: choices[f"layers.{i}.{linear}"].alpha for linear, fold in folds.items()}
         per_layer.append({fold: alpha for fold, alpha in picked.items() if alpha is not None})
     return {name: c.maxima for name, c in choices.items()}, per_layer, choices
+
+
+def clip_ratios(x: torch.Tensor, weight: torch.Tensor, grid: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the clip ratio per output row of `weight`, each row's least error): for each c of `grid`, the row quantized
+    with scale max|w| · c / 127 (quantize_rows' clip) times x quantized per row as the kernel does, against x w^T in
+    fp32; the squared error summed over x's rows, per output row (rows are independent: each its own scale)."""
+    reference = x @ weight.t()
+    qx, dx = quantize_per_row(x)
+    xq = qx.float() * dx[:, None]
+    amax = weight.abs().amax(1)
+    best = torch.ones(weight.shape[0])
+    least = torch.full((weight.shape[0],), float("inf"))
+    for c in grid:
+        scale = (amax * c).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        wq = torch.round(weight / scale[:, None]).clamp_(-127, 127) * scale[:, None]
+        err = (xq @ wq.t() - reference).square_().sum(0)
+        better = err < least
+        best[better], least[better] = c, err[better]
+    return best, least
+
+
+def search_clips(model: LlamaModel, ids: list[int], grid: Sequence[float], max_rows: int = CLIP_ROWS
+                 ) -> dict[str, torch.Tensor]:
+    """{linear name: weight scale per output row, max|w| · c / 127 (c: clip_ratios)} for every w8a8 linear (the
+    layers' linears: the head stays int8 weight-only), each from clip_ratios on its input in one causal forward of
+    `ids` (fp32, the smoothed model: the weights as they will be quantized), every k-th row of it, at most max_rows
+    (0: all)."""
+    clips: dict[str, torch.Tensor] = {}
+
+    def search(name: str) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], None]:
+        def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            assert name not in clips, f"{name}: the calibration forward must see each linear once"
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+            if max_rows and x.shape[0] > max_rows:
+                x = x[:: -(-x.shape[0] // max_rows)]
+            assert isinstance(module, Linear)
+            weight = module.weight.detach().float()
+            clips[name] = weight.abs().amax(1) * clip_ratios(x, weight, grid)[0] / 127
+        return hook
+
+    handles = [module.register_forward_pre_hook(search(name)) for name, module in model.named_modules()
+               if isinstance(module, Linear) and name.startswith("layers.")]
+    try:
+        prompt_logits(model, ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return clips
 
 
 def smooth_state(state: dict[str, torch.Tensor], model: LlamaModel, stats: dict[str, torch.Tensor],

@@ -11,6 +11,7 @@ from kev.config.precision import activation_precision
 from kev.errors import UnsupportedModelError
 from kev.model.families import model_class
 from kev.model.gemma import fold_norm_weights
+from kev.model.gptq import gptq_weights
 from kev.model.llama import LlamaModel
 from kev.model.model_config import ModelConfig
 from kev.model.model_store import cache_root
@@ -18,7 +19,8 @@ from kev.model.gguf_weights import attach_gguf, finish_quant_biases
 from kev.model.linear import Linear
 from kev.model.quantize import (attach_scales, cache_path, quantize_state, read_cached, split_scales, to_w8a8,
                                 write_cache)
-from kev.model.smoothing import Smoothing, activation_maxima, default_smoothing, search_alphas, smooth_state
+from kev.model.smoothing import (Smoothing, activation_maxima, default_smoothing, search_alphas, search_clips,
+                                 smooth_state)
 from kev.model.tokenizer import Tokenizer
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -50,10 +52,9 @@ def load_model(folder: Path, precision: str, device: torch.device, max_positions
         missing = set(model.state_dict()) - set(state)
         if missing:
             raise UnsupportedModelError(f"{folder}: the checkpoint lacks weights {sorted(missing)[:5]}")
-        if smoothing:
-            _smooth(state, folder, cfg, smoothing)
+        scales = _smooth(state, folder, cfg, smoothing) if smoothing else None
         if int8_file:
-            state = quantize_state(state, model)
+            state = quantize_state(state, model, scales)
             write_cache(int8_file, state)
     model = _finish(model, state, precision, device)
     if precision == "w8a8":
@@ -62,9 +63,13 @@ def load_model(folder: Path, precision: str, device: torch.device, max_positions
     return model
 
 
-def _smooth(state: dict[str, torch.Tensor], folder: Path, cfg: ModelConfig, smoothing: Smoothing) -> None:
+def _smooth(state: dict[str, torch.Tensor], folder: Path, cfg: ModelConfig, smoothing: Smoothing
+            ) -> dict[str, torch.Tensor] | None:
     """w8a8's SmoothQuant fold (kev/model/smoothing.py): maxima from one fp32 forward of the calibration text on a
-    model sharing `state`'s tensors, then the factors folded into `state`."""
+    model sharing `state`'s tensors, then the factors folded into `state`. Then, on a second forward of the smoothed
+    weights, either GPTQ (smoothing.gptq, kev/model/gptq.py: each layer linear's weight in `state` replaced by its
+    int8 grid values) or the clip search (smoothing.clip, search_clips); returns the weight scale per output row of
+    every layer linear they chose, or None (max|w| / 127 for every linear)."""
     ids = Tokenizer.from_folder(folder).encode(smoothing.text)
     with torch.device("meta"):
         calibration = model_class(cfg)(cfg, len(ids))
@@ -72,8 +77,19 @@ def _smooth(state: dict[str, torch.Tensor], folder: Path, cfg: ModelConfig, smoo
     if smoothing.grid:  # α per layer and fold, searched on the same forward
         stats, per_layer, _ = search_alphas(calibration, ids, smoothing.grid, smoothing.rows, smoothing.outputs)
         smooth_state(state, calibration, stats, per_layer)
-    else:
+    elif smoothing.alphas:
         smooth_state(state, calibration, activation_maxima(calibration, ids), dict(smoothing.alphas))
+    if not smoothing.clip and smoothing.gptq is None:
+        return None
+    with torch.device("meta"):
+        smoothed = model_class(cfg)(cfg, len(ids))
+    smoothed = _finish(smoothed, state, "fp32", torch.device("cpu"))
+    if smoothing.gptq is None:
+        return search_clips(smoothed, ids, smoothing.clip, smoothing.clip_rows)
+    scales = {}
+    for name, (weight, scale) in gptq_weights(smoothed, ids, damp=smoothing.gptq).items():
+        state[name + ".weight"], scales[name] = weight, scale
+    return scales
 
 
 def _finish_gguf(model: LlamaModel, gguf: Path, device: torch.device) -> LlamaModel:

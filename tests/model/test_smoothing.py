@@ -10,8 +10,8 @@ import torch
 from kev.model.families import model_class
 from kev.model.model_config import ModelConfig
 from kev.model.quantize import cache_path
-from kev.model.smoothing import (FOLDS, GRID, Smoothing, _factor, activation_maxima, default_smoothing, prompt_logits,
-                                search_alphas, smooth_state, w8a8_error)
+from kev.model.smoothing import (FOLDS, GRID, Smoothing, _factor, activation_maxima, clip_ratios, default_smoothing,
+                                prompt_logits, search_alphas, smooth_state, w8a8_error)
 from kev.model.weights import random_model
 
 # GQA (2 heads per kv head) and q/k/v biases: the v-into-o fold's grouping and v's bias are exercised.
@@ -94,3 +94,18 @@ def test_the_searched_alphas_keep_the_logits():
     smoothed = model_class(SHAPE)(SHAPE, 64)
     smoothed.load_state_dict(state, strict=True)
     torch.testing.assert_close(prompt_logits(smoothed, IDS), before, rtol=1e-4, atol=1e-4)
+
+
+def test_the_clip_search_is_never_worse_than_no_clip_and_names_itself():
+    """Heavy-tailed weight rows: clip_ratios' pick per row is from the grid, its error no larger than c = 1's
+    (max|w| / 127, quantize_rows' scale) and below it summed, with some row clipped; the clip grid changes the tag."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(300, 512, generator=g)
+    w = torch.randn(32, 512, generator=g) * 0.05 * torch.randn(32, 512, generator=g).abs() ** 2
+    grid = tuple(round(1 - 0.02 * i, 2) for i in range(16))
+    best, least = clip_ratios(x, w, grid)
+    _, unclipped = clip_ratios(x, w, (1.0,))
+    assert all(min(abs(b - c) for c in grid) < 1e-6 for b in best.tolist()) and bool((best < 1).any())
+    assert bool((least <= unclipped).all()) and float(least.sum()) < float(unclipped.sum())
+    clipped = Smoothing((), "text", clip=grid, clip_rows=256).tag
+    assert clipped != Smoothing((), "text").tag != Smoothing((), "text", clip=grid[:-1], clip_rows=256).tag != clipped
