@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from kev.model import smoothing
+from kev.model.calibration_forward import prompt_logits
 from kev.model.families import model_class
 from kev.model.gptq import gptq_rows
 from kev.model.model_config import ModelConfig
@@ -59,7 +60,7 @@ def main() -> None:
         def grab(name: str, text: str = text):  # noqa: ANN202
             return lambda module, a: inputs.__setitem__((text, name), a[0].detach().float().reshape(-1, a[0].shape[-1]))
         handles = [modules[name].register_forward_pre_hook(grab(name)) for name in names]
-        smoothing.prompt_logits(model, ids)
+        prompt_logits(model, ids)
         for handle in handles:
             handle.remove()
     totals: dict[str, list[float]] = {}

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
+from kev.model.calibration_forward import prompt_logits
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
 from kev.model.quant_weight import quantize_per_row
@@ -89,8 +90,6 @@ def gptq_weights(model: LlamaModel, ids: list[int], sequential: bool = True, dam
     """{linear name: (weight on its grid fp32, scale per output row)} for every w8a8 linear (the layers' linears; the
     head stays int8 weight-only, round to nearest), from one causal forward of `ids` through `model` (fp32, the
     smoothed weights); sequential: each linear then gives its w8a8 output to what follows (module docstring)."""
-    from kev.model.smoothing import prompt_logits  # smoothing imports this module's caller; no cycle at import
-
     done: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def quantize(name: str) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], None]:

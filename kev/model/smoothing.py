@@ -32,14 +32,13 @@ from pathlib import Path
 
 import torch
 
-from kev.model.attention import PagedKVLayer
 from kev.model.gemma import GemmaLayer
+from kev.model.calibration_forward import prompt_logits
 from kev.model.gptq import DAMP
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
 from kev.model.quant_weight import quantize_per_row
 from kev.model.quantize import quantize_rows
-from kev.model.step_metadata import ChannelSpan, StepMetadata
 
 CALIBRATION = Path(__file__).parent / "calibration" / "smoothing.txt"
 # α per fold, by measurement on the default model (bench/results/w8a8_quality.md, bench/smoothing_sweep.py): the norm
@@ -134,17 +133,6 @@ def activation_maxima(model: LlamaModel, ids: list[int]) -> dict[str, torch.Tens
         for handle in handles:
             handle.remove()
     return stats
-
-
-def prompt_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
-    """One causal forward of `ids` as one question's whole prompt in one step: the last row's logits [1, vocab]."""
-    rows = torch.arange(len(ids))
-    span = ChannelSpan(0, 0, len(ids), len(ids), rows, None, True)
-    meta = StepMetadata(torch.tensor(ids), rows, [len(ids)], rows, rows, [span], rows[-1:], [1])
-    cfg = model.config
-    caches = [PagedKVLayer(len(ids), cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device) for _ in model.layers]
-    with torch.no_grad():
-        return model.forward(meta, caches)
 
 
 def _factor(act: torch.Tensor, weight_max: torch.Tensor, alpha: float) -> torch.Tensor:
