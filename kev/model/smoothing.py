@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from kev.model.gemma import GemmaLayer
 from kev.model.calibration_forward import prompt_logits
+from kev.model.gemma import GemmaLayer
 from kev.model.gptq import DAMP
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
