@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
-from kev.model.calibration_forward import prompt_logits
+from kev.model.calibration_forward import hooked_forward
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
 from kev.model.quant_weight import quantize_per_row
@@ -113,14 +113,5 @@ def gptq_weights(model: LlamaModel, ids: list[int], sequential: bool = True, dam
             return out.to(output.dtype).view_as(output)
         return hook
 
-    linears = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, Linear) and name.startswith("layers.")]
-    handles = [module.register_forward_pre_hook(quantize(name)) for name, module in linears]
-    if sequential:
-        handles += [module.register_forward_hook(w8a8_output(name)) for name, module in linears]
-    try:
-        prompt_logits(model, ids)
-    finally:
-        for handle in handles:
-            handle.remove()
+    hooked_forward(model, ids, quantize, w8a8_output if sequential else None)
     return done

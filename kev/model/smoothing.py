@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from kev.model.calibration_forward import prompt_logits
+from kev.model.calibration_forward import hooked_forward
 from kev.model.gemma import GemmaLayer
 from kev.model.gptq import DAMP
 from kev.model.linear import Linear
@@ -125,13 +125,7 @@ def activation_maxima(model: LlamaModel, ids: list[int]) -> dict[str, torch.Tens
             stats[name] = torch.maximum(stats[name], m) if name in stats else m
         return hook
 
-    handles = [module.register_forward_pre_hook(record(name)) for name, module in model.named_modules()
-               if isinstance(module, Linear) and name.startswith("layers.")]
-    try:
-        prompt_logits(model, ids)
-    finally:
-        for handle in handles:
-            handle.remove()
+    hooked_forward(model, ids, record)
     return stats
 
 
@@ -212,14 +206,8 @@ def search_alphas(model: LlamaModel, ids: list[int], grid: tuple[float, ...], ma
             choices[name] = Choice(maxima, best, errors)
         return hook
 
-    handles = [module.register_forward_pre_hook(search(name, folds[name.split(".", 2)[2]]))
-               for name, module in model.named_modules()
-               if isinstance(module, Linear) and name.startswith("layers.") and name.split(".", 2)[2] in folds]
-    try:
-        prompt_logits(model, ids)
-    finally:
-        for handle in handles:
-            handle.remove()
+    hooked_forward(model, ids, lambda name: search(name, folds[part]) if (part := name.split(".", 2)[2]) in folds
+                   else None)
     per_layer = []
     for i in range(len(model.layers)):
         picked = {fold: choices[f"layers.{i}.{linear}"].alpha for linear, fold in folds.items()}
@@ -265,13 +253,7 @@ def search_clips(model: LlamaModel, ids: list[int], grid: Sequence[float], max_r
             clips[name] = weight.abs().amax(1) * clip_ratios(x, weight, grid)[0] / 127
         return hook
 
-    handles = [module.register_forward_pre_hook(search(name)) for name, module in model.named_modules()
-               if isinstance(module, Linear) and name.startswith("layers.")]
-    try:
-        prompt_logits(model, ids)
-    finally:
-        for handle in handles:
-            handle.remove()
+    hooked_forward(model, ids, search)
     return clips
 
 

@@ -10,8 +10,9 @@ import torch
 from kev.model.families import model_class
 from kev.model.model_config import ModelConfig
 from kev.model.quantize import cache_path
+from kev.model.calibration_forward import prompt_logits
 from kev.model.smoothing import (FOLDS, GRID, Smoothing, _factor, activation_maxima, clip_ratios, default_smoothing,
-                                prompt_logits, search_alphas, smooth_state, w8a8_error)
+                                search_alphas, smooth_state, w8a8_error)
 from kev.model.weights import random_model
 
 # GQA (2 heads per kv head) and q/k/v biases: the v-into-o fold's grouping and v's bias are exercised.
