@@ -27,6 +27,7 @@ from kev.model.calibration_forward import hooked_forward
 from kev.model.linear import Linear
 from kev.model.llama import LlamaModel
 from kev.model.quant_weight import quantize_per_row
+from kev.model.quantize import quantize_rows
 
 BLOCK = 32  # columns updated together (the lazy batch of GPTQ's reference code; the same result in exact arithmetic)
 # H's diagonal plus this fraction of its mean. GPTQ's reference code takes 0.01 with ~260k calibration tokens; Kev's
@@ -98,7 +99,7 @@ def gptq_weights(model: LlamaModel, ids: list[int], sequential: bool = True, dam
             assert isinstance(module, Linear)
             x = args[0].detach().float().reshape(-1, args[0].shape[-1])
             weight = module.weight.detach().float()
-            scale = weight.abs().amax(1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+            scale = quantize_rows(weight)[1]  # the kernel's grid: max|w| / 127 per output row
             done[name] = gptq_rows(weight, x.t().double() @ x.double(), scale, damp), scale
         return hook
 

@@ -226,8 +226,8 @@ def clip_ratios(x: torch.Tensor, weight: torch.Tensor, grid: Sequence[float]) ->
     best = torch.ones(weight.shape[0])
     least = torch.full((weight.shape[0],), float("inf"))
     for c in grid:
-        scale = (amax * c).clamp(min=torch.finfo(torch.float32).tiny) / 127
-        wq = torch.round(weight / scale[:, None]).clamp_(-127, 127) * scale[:, None]
+        q, scale = quantize_rows(weight, (amax * c).clamp(min=torch.finfo(torch.float32).tiny) / 127)
+        wq = q.float() * scale[:, None]
         err = (xq @ wq.t() - reference).square_().sum(0)
         better = err < least
         best[better], least[better] = c, err[better]
