@@ -59,6 +59,21 @@ def test_every_path_gives_the_same_bits(paths, kind, seed, shape):
         assert torch.equal(got, results[0]), f"path {path} differs from path {paths[0]}"
 
 
+@pytest.mark.parametrize("kind,seed", WEIGHTS)
+@pytest.mark.parametrize("rows", [1, 7, 37])
+def test_an_output_in_x_dtype_has_the_bits_of_rounding_the_fp32_one(paths, kind, seed, rows):
+    """like_x: each thread rounds its own columns to x's bf16 as it finishes them, with exactly .to()'s rounding."""
+    w = random_weight(kind, 576, 200, seed=seed)
+    x = (torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows)) * 3).bfloat16()
+    for path in [p for p in paths if p >= 0]:
+        fp32 = w.multiply(x, path)
+        got = torch.ops.kev.quant_linear(x, w.cells, w.scale, w.bias, w.out_features, path, True)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, fp32.to(torch.bfloat16)), f"path {path}"
+        assert torch.equal(torch.ops.kev.quant_linear(x.float(), w.cells, w.scale, w.bias, w.out_features, path, True),
+                           w.multiply(x.float(), path))  # fp32 x: fp32 out
+    assert torch.equal(w(x), w.multiply(x, -1).to(torch.bfloat16))  # the layer's call: the kernel, rounded inside
+
+
 @pytest.mark.parametrize("kind", BLOCK_KINDS)
 def test_the_largest_integer_sums_are_exact(paths, kind):
     """Every quant at its largest magnitude (Q4: 15; Q8: -128) and activations that quantize to +-127 everywhere: the

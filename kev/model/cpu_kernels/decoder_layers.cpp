@@ -11,10 +11,10 @@
 namespace kev {
 
 // A linear of either kernel: Kev's GEMM, or the quantized one (uint8 cells, cpu_kernels/quant_gemm.cpp: core.precision
-// gguf / w8a8), whose fp32 result is rounded to x's dtype exactly as its Python caller does (QuantWeight.__call__).
+// gguf / w8a8) in x's dtype, as its Python caller asks for it (QuantWeight.__call__).
 static at::Tensor any_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
                              const c10::optional<at::Tensor>& s, int64_t out_features) {
-  if (w.scalar_type() == at::kByte) return quant_linear(x, w, s, b, out_features, 0).to(x.scalar_type());
+  if (w.scalar_type() == at::kByte) return quant_linear(x, w, s, b, out_features, 0, true);
   return linear(x, w, b, s, out_features);
 }
 

@@ -10,9 +10,21 @@ namespace kev {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                   const c10::optional<at::Tensor>& scale, int64_t out_features);
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
-                        const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path);
+                        const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x);
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
-                       const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path);
+                       const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x);
+// The output of the quantized linears: fp32, or (like_x) x's dtype. A bf16 output is rounded by each thread as it
+// finishes its columns (vec_math.h's round_to_bf16: the bits of a separate .to(), without its pass over memory).
+struct LinearOutput {
+  at::Tensor sums;           // the fp32 results
+  at::Tensor rounded_out;    // their bf16 rounding, or undefined
+  float* fp32;               // sums' data
+  uint16_t* rounded;         // rounded_out's data, or null
+  at::ScalarType dtype;      // what done() returns
+  static LinearOutput make(const at::Tensor& x, int64_t out_features, bool like_x);
+  void finish_columns(int64_t c0, int64_t c1) const;  // columns [c0, c1) of every row summed: round them
+  at::Tensor done() const { return rounded ? rounded_out : sums.to(dtype); }
+};
 bool is_w8a8_cells(const at::Tensor& cells);
 void paged_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
                      const at::Tensor& slots, const at::Tensor& starts, const at::Tensor& lengths, double scale);

@@ -27,6 +27,7 @@
 #include <torch/library.h>
 
 #include "ops.h"
+#include "vec_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -648,12 +649,30 @@ Path best_path() {
 
 }  // namespace
 
-// x: [M, K] bf16 / fp32 (K a multiple of 32); cells: the packed weight as above. Returns fp32 [M, out_features].
-// path: 0 the best built, 1 AVX-512 VNNI, 2 AVX2 (tests force each to compare their bits).
+LinearOutput LinearOutput::make(const at::Tensor& x, int64_t out_features, bool like_x) {
+  LinearOutput o;
+  o.sums = at::empty({x.size(0), out_features}, x.options().dtype(at::kFloat));
+  o.fp32 = o.sums.data_ptr<float>();
+  o.dtype = like_x ? x.scalar_type() : at::kFloat;
+  o.rounded = nullptr;
+  if (o.dtype == at::kBFloat16) {
+    o.rounded_out = at::empty_like(o.sums, x.options());
+    o.rounded = reinterpret_cast<uint16_t*>(o.rounded_out.data_ptr<at::BFloat16>());
+  }
+  return o;
+}
+
+void LinearOutput::finish_columns(int64_t c0, int64_t c1) const {
+  if (rounded) round_to_bf16(fp32, rounded, sums.size(0), sums.size(1), c0, std::min(c1, sums.size(1)));
+}
+
+// x: [M, K] bf16 / fp32 (K a multiple of 32); cells: the packed weight as above. Returns fp32 [M, out_features], or
+// with like_x x's dtype (LinearOutput). path: 0 the best built, 1 AVX-512 VNNI, 2 AVX2 (tests force each to compare
+// their bits).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
-                        const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path) {
+                        const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x) {
   TORCH_CHECK(cells.scalar_type() == at::kByte && cells.dim() == 3, "kev::quant_linear: cells must be uint8 3-d");
-  if (is_w8a8_cells(cells)) return w8a8_linear(x, cells, scale, bias, out_features, path);  // w8a8_gemm.cpp
+  if (is_w8a8_cells(cells)) return w8a8_linear(x, cells, scale, bias, out_features, path, like_x);  // w8a8_gemm.cpp
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % kBlockK == 0,
               "kev::quant_linear: x must be a contiguous [rows, K] matrix with K a multiple of 32");
   const int64_t kblocks = x.size(1) / kBlockK;
@@ -675,10 +694,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
   const Weights w{cells.data_ptr<uint8_t>(), cells.size(2), static_cast<Kind>(kind), has_d, ptr(scale), ptr(bias),
                   kblocks, out_features, layout.per_shift, layout.sub_bytes};
   const int64_t rows = x.size(0), blocks = (out_features + kCols - 1) / kCols;
-  auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
-  if (rows == 0) return out;
+  const LinearOutput result = LinearOutput::make(x, out_features, like_x);
+  if (rows == 0) return result.done();
   const RowsQ rq = quantize_rows(x);
-  float* op = out.data_ptr<float>();
+  float* op = result.fp32;
   // Column blocks split over threads; a thread gets enough weight bytes to pay for waking it (256 KiB: at 1 MiB
   // every layer of the default model ran on one thread below 4 rows; bench/results/kquant_speed.md).
   const int64_t grain = std::max<int64_t>(4, (int64_t{1} << 18) / (w.block_stride() * (1 + rows / 4)));
@@ -693,8 +712,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
       }
       block += nb;
     }
+    result.finish_columns(begin * kCols, end * kCols);
   });
-  return out;
+  return result.done();
 }
 
 // Names of the paths built here, best first ("avx512-vnni", "avx2" or "avx2-vnni"); empty: torch's fallback.
@@ -731,7 +751,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
 }  // namespace kev
 
 TORCH_LIBRARY_FRAGMENT(kev, m) {
-  m.def("quant_linear(Tensor x, Tensor cells, Tensor? scale, Tensor? bias, int out_features, int path=0) -> Tensor");
+  m.def("quant_linear(Tensor x, Tensor cells, Tensor? scale, Tensor? bias, int out_features, int path=0, bool like_x=False) -> Tensor");
   m.def("quant_linear_paths() -> str[]", &kev::quant_linear_paths);
   m.def("quantize_activations(Tensor x) -> (Tensor, Tensor)");
 }

@@ -23,4 +23,20 @@ inline float exp_approx(float x) {
   return p * scale;
 }
 
+// Rows × columns [c0, c1) of an fp32 matrix (row stride ld) rounded to bf16 as torch's .to(torch.bfloat16) rounds
+// (nearest, ties to even; a NaN becomes c10's 0x7FC0), into dst of the same shape: a linear that rounds its own output
+// gives the bits its caller's separate copy gave. Plain integer arithmetic the compiler vectorizes.
+inline void round_to_bf16(const float* src, uint16_t* dst, int64_t rows, int64_t ld, int64_t c0, int64_t c1) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * ld;
+    uint16_t* d = dst + r * ld;
+    for (int64_t c = c0; c < c1; ++c) {
+      uint32_t u;
+      std::memcpy(&u, s + c, sizeof u);
+      const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+      d[c] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+    }
+  }
+}
+
 }  // namespace kev

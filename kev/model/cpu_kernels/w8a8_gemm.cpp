@@ -375,9 +375,10 @@ Path best_path(int64_t rows) {
 bool is_w8a8_cells(const at::Tensor& cells) { return cells.dim() == 3 && cells.size(2) == kCellBytes; }
 
 // x: [M, K] bf16 / fp32; cells: uint8 [blocks, ceil(K/64), 1024] as above; scale: fp32 [blocks·16]. Returns fp32
-// [M, out_features]. path: 0 the best present, 1 AVX-512 VNNI, 2 plain C++, 3 AMX (tests force each).
+// [M, out_features], or with like_x x's dtype (ops.h's LinearOutput). path: 0 the best present, 1 AVX-512 VNNI,
+// 2 plain C++, 3 AMX (tests force each).
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
-                       const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path) {
+                       const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "kev::w8a8_linear: x must be a contiguous [rows, K] matrix");
   const int64_t k = x.size(1), kt = (k + kTileK - 1) / kTileK;
   TORCH_CHECK(cells.scalar_type() == at::kByte && cells.is_contiguous() && is_w8a8_cells(cells) &&
@@ -392,18 +393,17 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
   const Path chosen = path == kAuto ? best_path(x.size(0)) : static_cast<Path>(path);
   TORCH_CHECK(path_present(chosen), "kev::w8a8_linear: path ", path, " is not present on this CPU");
   const int64_t rows = x.size(0);
-  auto out = at::empty({rows, out_features}, x.options().dtype(at::kFloat));
-  if (rows == 0) return out;
+  const LinearOutput result = LinearOutput::make(x, out_features, like_x);
+  if (rows == 0) return result.done();
   const Weights w{cells.data_ptr<uint8_t>(), scale->data_ptr<float>(), has_bias ? bias->data_ptr<float>() : nullptr,
                   kt, cells.size(0), out_features};
   const Acts a = quantize(x, kt, chosen != kPlain);
-  float* op = out.data_ptr<float>();
+  float* op = result.fp32;
   // Column blocks split over threads in pairs (AMX's two B tiles); a thread gets enough weight bytes to pay for
   // waking it.
   const int64_t pairs = (w.blocks + 1) / 2;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 19) / (2 * kt * kCellBytes * (1 + rows / 16)));
-  at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
-    const int64_t b0 = 2 * begin, b1 = std::min(2 * end, w.blocks);
+  const auto chunk = [&](int64_t b0, int64_t b1) {
 #if KEV_W8_AMX
     if (chosen == kAmx) return amx_chunk(w, a, b0, b1, op);
 #endif
@@ -411,8 +411,13 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
     if (chosen == kVnni) return vnni_chunk(w, a, b0, b1, op);
 #endif
     plain_chunk(w, a, b0, b1, op);
+  };
+  at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
+    const int64_t b0 = 2 * begin, b1 = std::min(2 * end, w.blocks);
+    chunk(b0, b1);
+    result.finish_columns(b0 * kCols, b1 * kCols);
   });
-  return out;
+  return result.done();
 }
 
 // The paths present here, best first: "amx", "avx512-vnni", "plain".
@@ -441,7 +446,7 @@ std::tuple<at::Tensor, at::Tensor> w8a8_quantize(const at::Tensor& x, bool vecto
 }  // namespace kev
 
 TORCH_LIBRARY_FRAGMENT(kev, m) {
-  m.def("w8a8_linear(Tensor x, Tensor cells, Tensor? scale, Tensor? bias, int out_features, int path=0) -> Tensor");
+  m.def("w8a8_linear(Tensor x, Tensor cells, Tensor? scale, Tensor? bias, int out_features, int path=0, bool like_x=False) -> Tensor");
   m.def("w8a8_paths() -> str[]", &kev::w8a8_paths);
   m.def("w8a8_quantize(Tensor x, bool vector=True) -> (Tensor, Tensor)");
 }
