@@ -14,7 +14,8 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
                        const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x);
 // The output of the quantized linears: fp32, or (like_x) x's dtype. A bf16 output is rounded by each thread as it
-// finishes its columns (vec_math.h's round_to_bf16: the bits of a separate .to(), without its pass over memory).
+// finishes a few column blocks, while their sums are in cache (vec_math.h's round_to_bf16: the bits of a separate
+// .to(), without its pass over memory).
 struct LinearOutput {
   at::Tensor sums;           // the fp32 results
   at::Tensor rounded_out;    // their bf16 rounding, or undefined

@@ -710,9 +710,9 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
         const int mr = static_cast<int>(std::min<int64_t>(shape.rows, rows - row0));
         pick_tile(chosen, w.kind, nb, mr)(w, rq, row0, block, op);
       }
+      result.finish_columns(block * kCols, (block + nb) * kCols);  // while its sums are in cache (ops.h)
       block += nb;
     }
-    result.finish_columns(begin * kCols, end * kCols);
   });
   return result.done();
 }

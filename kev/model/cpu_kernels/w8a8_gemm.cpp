@@ -413,9 +413,11 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
     plain_chunk(w, a, b0, b1, op);
   };
   at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
-    const int64_t b0 = 2 * begin, b1 = std::min(2 * end, w.blocks);
-    chunk(b0, b1);
-    result.finish_columns(b0 * kCols, b1 * kCols);
+    // 8 blocks at a time (the widest tile), each rounded while its sums are still in L2 (ops.h's LinearOutput)
+    for (int64_t b0 = 2 * begin, b1 = std::min(2 * end, w.blocks); b0 < b1; b0 += 8) {
+      chunk(b0, std::min(b0 + 8, b1));
+      result.finish_columns(b0 * kCols, std::min(b0 + 8, b1) * kCols);
+    }
   });
   return result.done();
 }
