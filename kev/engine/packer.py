@@ -10,6 +10,7 @@ first, padded with zero rows that are never read back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -103,6 +104,7 @@ def pack(work: list[Work], blocks: BlockManager, plan: RowTiling, device: torch.
     decode_ids = {id(w) for w in decode}
     prefill = [w for w in work if id(w) not in decode_ids]
     one_gemm = plan.is_one_gemm
+    key_slots = dict(zip(map(id, work), _key_slots(blocks, work, device)))
     for group in [decode] + [[w] for w in prefill]:
         first_row = len(rows.input_ids)
         for w in group:
@@ -111,7 +113,7 @@ def pack(work: list[Work], blocks: BlockManager, plan: RowTiling, device: torch.
             ids = q.all_ids[w.start:end] if not w.draft else q.all_ids[w.start:] + list(w.draft)
             q_start = rows.add(ids, w.start)
             slot_mapping.extend(blocks.slots(channel, w.start, end))
-            kv_slots = _key_slots(blocks, channel, end, device)
+            kv_slots = key_slots[id(w)]
             if group is decode:
                 # Every decode row is a span of its own, a drafted question's too: row start + i is exactly the decode
                 # row plain decoding runs at that position (one query over its own start + i + 1 keys, the decode
@@ -141,13 +143,16 @@ def pack(work: list[Work], blocks: BlockManager, plan: RowTiling, device: torch.
     )
 
 
-def _key_slots(blocks: BlockManager, channel: int, end: int, device: torch.device) -> torch.Tensor:
-    """blocks.slots(channel, 0, end) as a tensor, made from the block table by torch: a decode step of 64 channels
-    over 600-token contexts built ~40,000 Python ints here each step (the host work a GPU step waits for)."""
+def _key_slots(blocks: BlockManager, work: list[Work], device: torch.device) -> list[torch.Tensor]:
+    """blocks.slots(channel, 0, end) of each piece of work, as tensors: views of one tensor that torch builds from the
+    block tables in a few ops. A decode step of 64 channels over 600-token contexts built ~40,000 Python ints here each
+    step (the host work a GPU step waits for); then a few torch ops a channel cost ~25 us each, 1.6 ms a step of 64."""
     size = blocks.block_size
-    table = torch.tensor(blocks.block_table(channel)[: -(-end // size)], dtype=torch.long)
-    slots = (table[:, None] * size + torch.arange(size)).flatten()[:end]
-    return slots.to(device)
+    ends = [w.start + w.length for w in work]
+    tables = [blocks.block_table(cast(int, w.seq.channel_id))[: -(-end // size)] for w, end in zip(work, ends)]
+    table = torch.tensor([block for t in tables for block in t], dtype=torch.long)
+    slots = (table[:, None] * size + torch.arange(size)).flatten().to(device)
+    return [whole[:end] for whole, end in zip(slots.split([len(t) * size for t in tables]), ends)]
 
 
 def _chunk_mask(w: Work, device: torch.device) -> torch.Tensor | None:
