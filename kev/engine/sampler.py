@@ -13,7 +13,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[list[int]]:
     0..j-1 sampled exactly its draft's tokens, so each token comes from the logits plain decoding computes at its
     position and a seeded generator makes the same draws, one per kept token, in the same order. Greedy rows take one
     batched argmax (an argmax is exact: a row's answer cannot depend on the rows beside it)."""
-    greedy = torch.argmax(logits, dim=-1).tolist() if logits.shape[0] else []
+    greedy = argmax_rows(logits).tolist() if logits.shape[0] else []
     picked: list[list[int]] = []
     first = 0
     for r in rows:
@@ -64,3 +64,11 @@ def adjust(row: torch.Tensor, sample_row: SampleRow) -> torch.Tensor:
         ids = torch.tensor([token for token, _ in params.logit_bias], device=row.device)
         row[ids] += torch.tensor([bias for _, bias in params.logit_bias], dtype=row.dtype, device=row.device)
     return row
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(logits, -1), by Kev's row kernel where it applies (the same indices: the first of equal maxima, a
+    NaN the largest; rows in parallel, where torch's ran on one thread)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and hasattr(torch.ops.kev, "argmax_rows"):
+        return torch.ops.kev.argmax_rows(logits.contiguous())
+    return torch.argmax(logits, dim=-1)

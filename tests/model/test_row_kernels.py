@@ -67,3 +67,24 @@ def test_rope_in_place_rotates_q_and_k_only(dtype):
     alone = qkv[7:8].clone()
     torch.ops.kev.rope_(alone, table.cos, table.sin, positions[7:8], HEADS + KV_HEADS, DIM)
     assert torch.equal(alone[0], ours[7])
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 100, 49152])
+def test_argmax_rows_picks_what_torch_argmax_picks(n):
+    """The first of equal maxima, a NaN as the largest (its first), -inf rows, signed zeros, any row length."""
+    x = torch.randn(64, n, generator=torch.Generator().manual_seed(n))
+    x[3, n // 2] = float("nan")
+    x[5] = 7.0
+    x[8] = -float("inf")
+    x[9] = 0.0
+    x[9, n // 3] = -0.0
+    if n > 4:
+        x[6, 1] = x[6, 4] = 1e9
+        x[7, 2] = x[7, n - 1] = float("nan")
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert torch.equal(torch.ops.kev.argmax_rows(x), torch.argmax(x, -1))
+    finally:
+        torch.set_num_threads(before)

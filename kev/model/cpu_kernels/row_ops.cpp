@@ -8,6 +8,7 @@
 #include "vec_avx2.h"
 #include "vec_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -194,6 +195,52 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// Each row's index of its largest value, exactly as torch.argmax(x, -1) picks it: the first of equal maxima, and a NaN
+// counts as the largest (its first). Rows in parallel: torch's took 1.5 ms a step for 64 rows of a 49,152-token
+// vocabulary on one thread, ~4% of a w8a8 decode step on the Zen 4.
+int64_t argmax_row(const float* x, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  for (; i < n; i += 16) {  // the maximum (exact in any order), stopping at a chunk with a NaN
+    const __mmask16 in = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), in, x + i);
+    if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) break;
+    top = _mm512_max_ps(top, v);
+  }
+  if (i >= n) {
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+    for (int64_t j = 0; j < n; j += 16) {  // its first place
+      const __mmask16 in = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __mmask16 hit = _mm512_mask_cmp_ps_mask(in, _mm512_maskz_loadu_ps(in, x + j), m, _CMP_EQ_OQ);
+      if (hit) return j + __builtin_ctz(hit);
+    }
+  }
+  for (int64_t j = i; j < n; ++j)
+    if (x[j] != x[j]) return j;  // the first NaN (in the chunk that stopped the scan: none before it)
+  i = 0;
+#endif
+  int64_t best = 0;
+  for (; i < n; ++i) {
+    if (x[i] != x[i]) return i;
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+at::Tensor argmax_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) > 0,
+              "argmax_rows: a contiguous fp32 [rows, n] with n > 0");
+  const int64_t rows = x.size(0), n = x.size(1);
+  at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
+  const float* xp = x.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) op[r] = argmax_row(xp + r * n, n);
+  });
+  return out;
+}
+
 }  // namespace kev
 
 TORCH_LIBRARY_FRAGMENT(kev, m) {
@@ -201,6 +248,7 @@ TORCH_LIBRARY_FRAGMENT(kev, m) {
   m.def("add_rms_norm(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor");
   m.def("rope_(Tensor(a!) qkv, Tensor cos, Tensor sin, Tensor positions, int rotated_heads, int dim) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("argmax_rows(Tensor x) -> Tensor");
   m.def("rope_store_kv_(Tensor(a!) qkv, Tensor(b!) kv, Tensor cos, Tensor sin, Tensor positions, Tensor token_rows, "
         "Tensor slot_mapping, int heads, int kv_heads, int dim) -> ()");
 }
@@ -210,5 +258,6 @@ TORCH_LIBRARY_IMPL(kev, CPU, m) {
   m.impl("add_rms_norm", &kev::add_rms_norm);
   m.impl("rope_", &kev::rope_);
   m.impl("silu_mul", &kev::silu_mul);
+  m.impl("argmax_rows", &kev::argmax_rows);
   m.impl("rope_store_kv_", &kev::rope_store_kv_);
 }
