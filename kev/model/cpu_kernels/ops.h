@@ -13,16 +13,16 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10:
                         const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x);
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
                        const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x);
-// The output of the quantized linears: fp32, or (like_x) x's dtype. A bf16 output is rounded by each thread as it
-// finishes a few column blocks, while their sums are in cache (vec_math.h's round_to_bf16: the bits of a separate
-// .to(), without its pass over memory).
+// The output of the quantized linears: fp32, or (like_x) x's dtype. A bf16 output is rounded with torch's .to() bits
+// (vec_math.h's round_to_bf16), without .to()'s pass over memory: by the kernel as it stores (kernel_rounds: then
+// no fp32 sums exist), or by each thread as it finishes a few column blocks, while their sums are in cache.
 struct LinearOutput {
-  at::Tensor sums;           // the fp32 results
+  at::Tensor sums;           // the fp32 results (none where the kernel rounds)
   at::Tensor rounded_out;    // their bf16 rounding, or undefined
-  float* fp32;               // sums' data
+  float* fp32;               // sums' data, or null
   uint16_t* rounded;         // rounded_out's data, or null
   at::ScalarType dtype;      // what done() returns
-  static LinearOutput make(const at::Tensor& x, int64_t out_features, bool like_x);
+  static LinearOutput make(const at::Tensor& x, int64_t out_features, bool like_x, bool kernel_rounds = false);
   void finish_columns(int64_t c0, int64_t c1) const;  // columns [c0, c1) of every row summed: round them
   at::Tensor done() const { return rounded ? rounded_out : sums.to(dtype); }
 };

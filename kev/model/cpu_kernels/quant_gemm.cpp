@@ -649,21 +649,22 @@ Path best_path() {
 
 }  // namespace
 
-LinearOutput LinearOutput::make(const at::Tensor& x, int64_t out_features, bool like_x) {
+LinearOutput LinearOutput::make(const at::Tensor& x, int64_t out_features, bool like_x, bool kernel_rounds) {
   LinearOutput o;
+  o.dtype = like_x ? x.scalar_type() : at::kFloat;
+  o.fp32 = nullptr, o.rounded = nullptr;
+  if (o.dtype == at::kBFloat16) {
+    o.rounded_out = at::empty({x.size(0), out_features}, x.options());
+    o.rounded = reinterpret_cast<uint16_t*>(o.rounded_out.data_ptr<at::BFloat16>());
+    if (kernel_rounds) return o;
+  }
   o.sums = at::empty({x.size(0), out_features}, x.options().dtype(at::kFloat));
   o.fp32 = o.sums.data_ptr<float>();
-  o.dtype = like_x ? x.scalar_type() : at::kFloat;
-  o.rounded = nullptr;
-  if (o.dtype == at::kBFloat16) {
-    o.rounded_out = at::empty_like(o.sums, x.options());
-    o.rounded = reinterpret_cast<uint16_t*>(o.rounded_out.data_ptr<at::BFloat16>());
-  }
   return o;
 }
 
 void LinearOutput::finish_columns(int64_t c0, int64_t c1) const {
-  if (rounded) round_to_bf16(fp32, rounded, sums.size(0), sums.size(1), c0, std::min(c1, sums.size(1)));
+  if (rounded && fp32) round_to_bf16(fp32, rounded, sums.size(0), sums.size(1), c0, std::min(c1, sums.size(1)));
 }
 
 // x: [M, K] bf16 / fp32 (K a multiple of 32); cells: the packed weight as above. Returns fp32 [M, out_features], or

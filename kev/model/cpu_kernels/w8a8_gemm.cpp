@@ -23,6 +23,7 @@
 #include <torch/library.h>
 
 #include "ops.h"
+#include "vec_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -42,7 +43,7 @@
 #else
 #define KEV_W8_X86 0
 #endif
-#if KEV_W8_X86 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if KEV_W8_X86 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define KEV_W8_VNNI 1
 #else
 #define KEV_W8_VNNI 0
@@ -167,13 +168,23 @@ struct Weights {
   const uint8_t* cell(int64_t block, int64_t t) const { return cells + (block * kt + t) * kCellBytes; }
 };
 
+// Where the results go: fp32, or bf16 rounded as they are stored (vec_math.h's round_to_bf16: torch's .to() bits).
+struct Out {
+  float* fp32;
+  uint16_t* bf16;
+  void store(int64_t at, float v) const {
+    if (bf16) round_to_bf16(&v, bf16 + at, 1, 1, 0, 1);
+    else fp32[at] = v;
+  }
+};
+
 // The fp32 step of one element: y = (float(isum) · scale[n]) · dx[m] (+ bias[n]).
 inline float finish_one(const Weights& w, const Acts& a, int64_t m, int64_t n, int32_t raw) {
   const float v = (static_cast<float>(raw + a.start[m]) * w.scale[n]) * a.dx[m];
   return w.bias ? v + w.bias[n] : v;
 }
 
-void plain_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, float* out) {
+void plain_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, const Out& out) {
   for (int64_t block = b0; block < b1; ++block)
     for (int64_t m = 0; m < a.rows; ++m) {
       int32_t acc[kCols] = {};
@@ -185,19 +196,25 @@ void plain_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, float*
             for (int i = 0; i < 4; ++i) acc[col] += static_cast<int32_t>(c[s * 64 + col * 4 + i]) * x[s * 4 + i];
       }
       for (int col = 0; col < kCols && block * kCols + col < w.out_features; ++col)
-        out[m * w.out_features + block * kCols + col] = finish_one(w, a, m, block * kCols + col, acc[col]);
+        out.store(m * w.out_features + block * kCols + col, finish_one(w, a, m, block * kCols + col, acc[col]));
     }
 }
 
 #if KEV_W8_VNNI
 // 16 columns of row m from their raw int32 sums.
-inline void finish16(const Weights& w, const Acts& a, int64_t m, int64_t block, __m512i raw, float* out) {
+inline void finish16(const Weights& w, const Acts& a, int64_t m, int64_t block, __m512i raw, const Out& out) {
   const int64_t col = block * kCols;
   __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(raw, _mm512_set1_epi32(a.start[m])));
   v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scale + col));
   v = _mm512_mul_ps(v, _mm512_set1_ps(a.dx[m]));
   if (w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + col));
-  _mm512_mask_storeu_ps(out + m * w.out_features + col, mask_of(w.out_features - col), v);
+  const int64_t at = m * w.out_features + col;
+  if (!out.bf16) return _mm512_mask_storeu_ps(out.fp32 + at, mask_of(w.out_features - col), v);
+  const __m512i u = _mm512_castps_si512(v);  // round_to_bf16 on 16 lanes
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i bits = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(out.bf16 + at, mask_of(w.out_features - col), _mm512_cvtepi32_epi16(bits));
 }
 
 typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
@@ -209,7 +226,7 @@ inline void dot(__m512i& acc, __m512i u, __m512i s) { asm("vpdpbusd %2, %1, %0" 
 // A register tile of MR rows × NB column blocks: per 4-k step, NB weight vectors (unsigned) times each row's 4
 // activations broadcast (signed).
 template <int MR, int NB>
-void vnni_tile(const Weights& w, const Acts& a, int64_t row0, int64_t block0, float* out) {
+void vnni_tile(const Weights& w, const Acts& a, int64_t row0, int64_t block0, const Out& out) {
   __m512i acc[MR][NB];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
@@ -240,11 +257,11 @@ void vnni_tile(const Weights& w, const Acts& a, int64_t row0, int64_t block0, fl
     for (int j = 0; j < NB; ++j) finish16(w, a, row0 + r, block0 + j, acc[r][j], out);
 }
 
-using TileFn = void (*)(const Weights&, const Acts&, int64_t, int64_t, float*);
+using TileFn = void (*)(const Weights&, const Acts&, int64_t, int64_t, const Out&);
 // 24 (16) accumulators + 4 (8) weight vectors + one broadcast: 29 of the 32 registers
 constexpr int kVnniRows = 6, kVnniBlocks = 4, kVnniWide = 8;
 
-void vnni_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, float* out) {
+void vnni_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, const Out& out) {
   static const TileFn four[kVnniRows] = {vnni_tile<1, 4>, vnni_tile<2, 4>, vnni_tile<3, 4>,
                                          vnni_tile<4, 4>, vnni_tile<5, 4>, vnni_tile<6, 4>};
   static const TileFn one[kVnniRows] = {vnni_tile<1, 1>, vnni_tile<2, 1>, vnni_tile<3, 1>,
@@ -275,7 +292,8 @@ struct alignas(64) TileConfig {
 
 // RT row tiles × CT column blocks of `rows` rows each (the last tile may hold padded zero rows: not written out).
 template <int RT, int CT>
-KEV_AMX_TARGET void amx_tile(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int rows, float* out) {
+KEV_AMX_TARGET void amx_tile(const Weights& w, const Acts& a, int64_t row0, int64_t block0, int rows,
+                             const Out& out) {
   _tile_zero(0);
   if constexpr (CT == 2) _tile_zero(1);
   if constexpr (RT == 2) {
@@ -313,7 +331,7 @@ KEV_AMX_TARGET void amx_tile(const Weights& w, const Acts& a, int64_t row0, int6
                  _mm512_load_si512(c[2 * rt + ct] + r * kCols), out);
 }
 
-KEV_AMX_TARGET void amx_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, float* out) {
+KEV_AMX_TARGET void amx_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, const Out& out) {
   const int rows = static_cast<int>(std::min<int64_t>(kTileRows, a.rows));  // fewer than 16 rows: tiles that short
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = static_cast<uint8_t>(t < 6 ? rows : 16);
@@ -393,12 +411,12 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
   const Path chosen = path == kAuto ? best_path(x.size(0)) : static_cast<Path>(path);
   TORCH_CHECK(path_present(chosen), "kev::w8a8_linear: path ", path, " is not present on this CPU");
   const int64_t rows = x.size(0);
-  const LinearOutput result = LinearOutput::make(x, out_features, like_x);
+  const LinearOutput result = LinearOutput::make(x, out_features, like_x, /*kernel_rounds=*/true);
   if (rows == 0) return result.done();
   const Weights w{cells.data_ptr<uint8_t>(), scale->data_ptr<float>(), has_bias ? bias->data_ptr<float>() : nullptr,
                   kt, cells.size(0), out_features};
   const Acts a = quantize(x, kt, chosen != kPlain);
-  float* op = result.fp32;
+  const Out op{result.fp32, result.rounded};
   // Column blocks split over threads in pairs (AMX's two B tiles); a thread gets enough weight bytes to pay for
   // waking it.
   const int64_t pairs = (w.blocks + 1) / 2;
@@ -413,11 +431,7 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
     plain_chunk(w, a, b0, b1, op);
   };
   at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
-    // 8 blocks at a time (the widest tile), each rounded while its sums are still in L2 (ops.h's LinearOutput)
-    for (int64_t b0 = 2 * begin, b1 = std::min(2 * end, w.blocks); b0 < b1; b0 += 8) {
-      chunk(b0, std::min(b0 + 8, b1));
-      result.finish_columns(b0 * kCols, std::min(b0 + 8, b1) * kCols);
-    }
+    chunk(2 * begin, std::min(2 * end, w.blocks));
   });
   return result.done();
 }
