@@ -147,6 +147,8 @@ def _key_slots(blocks: BlockManager, work: list[Work], device: torch.device) -> 
     """blocks.slots(channel, 0, end) of each piece of work, as tensors: views of one tensor that torch builds from the
     block tables in a few ops. A decode step of 64 channels over 600-token contexts built ~40,000 Python ints here each
     step (the host work a GPU step waits for); then a few torch ops a channel cost ~25 us each, 1.6 ms a step of 64."""
+    if not work:
+        return []
     size = blocks.block_size
     ends = [w.start + w.length for w in work]
     tables = [blocks.block_table(cast(int, w.seq.channel_id))[: -(-end // size)] for w, end in zip(work, ends)]
