@@ -178,9 +178,12 @@ void task_group(const float* query, const T* k_ptr, const T* v_ptr, const int64_
   // A tile's 16 scores by one fixed tree of in-register shuffles (lane i of the result: the sum of key i's 16 product
   // lanes; instead of one horizontal sum a key), run as the keys arrive: pairs of keys, then pairs of pairs, and so
   // on, so a query holds a few vectors live, not 16 (which spilled).
-  const auto pair = [](__m512 a, __m512 b) { return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b)); };
+  const auto pair = [](__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  };
   const auto quad = [](__m512 a, __m512 b) {
-    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
   };
   const auto half = [](__m512 a, __m512 b) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
