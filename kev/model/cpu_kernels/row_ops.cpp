@@ -20,6 +20,11 @@ namespace kev {
 // OMP_WAIT_POLICY=PASSIVE, about what 64 rows take); prefill rows split.
 constexpr int64_t kRowGrain = 64;
 constexpr int64_t kMaxHalf = 256;  // rotary: half a head's dim, at most
+#if defined(__AVX512F__)
+inline __mmask16 lanes_left(int64_t left) {  // the first min(left, 16) lanes
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+#endif
 
 template <typename T>
 inline float to_f(T v) { return static_cast<float>(v); }
@@ -53,7 +58,7 @@ inline void sum_squares16(const T* x, int64_t n, float* lanes) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>) {
     __m512 acc = _mm512_loadu_ps(lanes);
     for (; i < n; i += 16) {  // a tail's missing lanes load 0: fma(0, 0, s) = s (s >= 0, never -0)
-      const __mmask16 in = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+      const __mmask16 in = lanes_left(n - i);
       __m512 v;
       if constexpr (std::is_same_v<T, float>) {
         v = _mm512_maskz_loadu_ps(in, x + i);
@@ -235,7 +240,7 @@ int64_t argmax_row(const float* x, int64_t n) {
 #if defined(__AVX512F__)
   __m512 top = _mm512_set1_ps(-INFINITY);
   for (; i < n; i += 16) {  // the maximum (exact in any order), stopping at a chunk with a NaN
-    const __mmask16 in = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 in = lanes_left(n - i);
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), in, x + i);
     if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) break;
     top = _mm512_max_ps(top, v);
@@ -243,7 +248,7 @@ int64_t argmax_row(const float* x, int64_t n) {
   if (i >= n) {
     const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
     for (int64_t j = 0; j < n; j += 16) {  // its first place
-      const __mmask16 in = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - j)) - 1);
+      const __mmask16 in = lanes_left(n - j);
       const __mmask16 hit = _mm512_mask_cmp_ps_mask(in, _mm512_maskz_loadu_ps(in, x + j), m, _CMP_EQ_OQ);
       if (hit) return j + __builtin_ctz(hit);
     }
