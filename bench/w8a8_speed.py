@@ -1,8 +1,9 @@
 """core.precision w8a8's kernel (cpu_kernels/w8a8_gemm.cpp) on a decoder layer's four linears (qkv, o, gate_up, down) of
-the default model (SmolLM2-135M) and of the Llama-1B shape, per path (AMX tiles, AVX-512 VNNI), at several row counts,
-as GMAC/s and as a fraction of the peaks bench/cpu_peak.cpp measures (pass them: --peak-amx / --peak-vnni, GMAC/s for
-the thread count used). Each linear is timed on its own, the fastest of --reps calls (a shared machine's load only
-adds); random int8 weights (per-column scales) and bf16 rows.
+the default model (SmolLM2-135M) and of the Llama-1B shape, per path (AMX tiles, AVX-512 VNNI, AVX2), at several row
+counts, as GMAC/s and as a fraction of the peaks bench/cpu_peak.cpp measures (pass them: --peak-amx / --peak-vnni /
+--peak-avx2, GMAC/s for the thread count used; AVX2's exact int8 peak is 32 MACs per `vpmaddwd`, twice its vpmaddwd
+row). Each linear is timed on its own, the fastest of --reps calls (a shared machine's load only adds); random int8
+weights (per-column scales) and rows in --dtype (bf16; fp32 is what w8a8 gets on a CPU without native bf16).
 Reproduce: `.venv/bin/python bench/w8a8_speed.py --threads 2 --peak-amx 7453 --peak-vnni 942`."""
 from __future__ import annotations
 
@@ -37,20 +38,23 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--peak-amx", type=float, default=0.0)
     parser.add_argument("--peak-vnni", type=float, default=0.0)
+    parser.add_argument("--peak-avx2", type=float, default=0.0)
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     args = parser.parse_args()
     assert load_cpu_kernels(cache_root())
     torch.set_num_threads(args.threads)
     cpu = next(line for line in open("/proc/cpuinfo") if line.startswith("model name")).split(":")[1].strip()
     print(f"# {cpu}, {args.threads} threads, paths {w8a8_paths()}, load average {os.getloadavg()}")
-    peaks = {"amx": args.peak_amx, "avx512-vnni": args.peak_vnni}
-    paths = [p for p in ("amx", "avx512-vnni") if p in w8a8_paths()]
+    peaks = {"amx": args.peak_amx, "avx512-vnni": args.peak_vnni, "avx2": args.peak_avx2}
+    paths = [p for p in peaks if p in w8a8_paths()]
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     print("| shape | M | " + " | ".join(f"{p} ms | {p} GMAC/s (of peak)" for p in paths) + " |")
     print("|---|---|" + "---|---|" * len(paths))
     gen = torch.Generator().manual_seed(0)
     for name, shapes in SHAPES.items():
         ws = [pack_w8a8(*quantize_rows(torch.randn(n, k, generator=gen))) for k, n in shapes]
         for rows in (int(r) for r in args.rows.split(",")):
-            xs = [torch.randn(rows, k, generator=gen).bfloat16() for k, _ in shapes]
+            xs = [torch.randn(rows, k, generator=gen).to(dtype) for k, _ in shapes]
             macs = rows * sum(k * n for k, n in shapes)
             cells = []
             for path in paths:

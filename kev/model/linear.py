@@ -5,7 +5,7 @@ same row gets different bits at M=1, M=3 or M=40 (shared/notes/batch-invariance-
 Three ways out, the first that applies wins; `model/row_invariance.py` checks the result at
 start-up:
 
-- *Kev's GEMM* (cpu_kernels/linear_gemm.cpp, CPUs with AVX-512 BF16): every output element is
+- *Kev's GEMM* (cpu_kernels/linear_gemm.cpp, CPUs with AVX-512 BF16; fp32 alone on AVX2): every output element is
   one accumulator summed over k in a fixed order, so a row's bits are the same for every M,
   M=1 included — invariant by construction, and faster than oneDNN at every M we measured.
 - *free rows*: with weights prepacked once for oneDNN (what inductor's CPU freezing path
@@ -37,12 +37,15 @@ def can_prepack(weight: torch.Tensor) -> bool:
 
 def can_use_kev_gemm(weight: torch.Tensor) -> bool:
     """Kev's GEMM: CPU fp32 / bf16 / int8 weights (bf16 reads k in pairs, int8 two pairs at a time, so K must be
-    a multiple of 2 / 4), kernels built with it."""
+    a multiple of 2 / 4), kernels built with it; an AVX2 build (no AVX-512 BF16) takes fp32 and int8 weights, with
+    fp32 activations."""
     if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16, torch.int8):
         return False
     if weight.shape[1] % {torch.float32: 1, torch.bfloat16: 2, torch.int8: 4}[weight.dtype]:
         return False
-    return hasattr(torch.ops.kev, "linear_available") and bool(torch.ops.kev.linear_available())
+    if not hasattr(torch.ops.kev, "linear_available") or not torch.ops.kev.linear_available():
+        return False
+    return weight.dtype != torch.bfloat16 or not torch.ops.kev.linear_fp32_only()
 
 
 class PackedWeight:
@@ -74,7 +77,9 @@ class GemmWeight:
         out_features, in_features = weight.shape
         blocks = -(-out_features // 16)
         padded = F.pad(weight, (0, 0, 0, blocks * 16 - out_features))
-        if weight.dtype == torch.float32:
+        # k-major [blocks, K, 16]: fp32, and int8 for the AVX2 build (which widens each weight to fp32)
+        self.k_major = weight.dtype == torch.float32 or bool(torch.ops.kev.linear_fp32_only())
+        if self.k_major:
             self.packed = padded.view(blocks, 16, in_features).permute(0, 2, 1).contiguous()
         else:  # [blocks, k pairs, 16 columns, 2]: bf16 as int32 pairs; int8 as below
             pairs = padded.view(blocks, 16, in_features // 2, 2).permute(0, 2, 1, 3)
@@ -94,7 +99,7 @@ class GemmWeight:
         """Packed blocks [n, k steps, ...] as [n, k steps, 16 columns, k per step] in the weight's dtype (int8: the
         bytes, still sign-magnitude; a copy, so pick the blocks first)."""
         blocks, steps = packed.shape[:2]
-        if self.dtype == torch.int8:
+        if self.dtype == torch.int8 and not self.k_major:
             grouped = packed.view(blocks, steps // 2, 4, 2, 8).permute(0, 1, 3, 2, 4)
             return grouped.reshape(blocks, steps, 16, 2)
         return packed.view(self.dtype).view(blocks, steps, 16, -1)
@@ -103,12 +108,12 @@ class GemmWeight:
         """Weight rows `ids` (an embedding lookup on a tied head), exactly as given to the packing."""
         picked = self._blocks(self.packed[ids // 16])  # [ids, k steps, 16, k per step]: each id's whole block
         picked = picked[torch.arange(ids.numel()), :, ids % 16].reshape(ids.numel(), self.in_features)
-        return _from_sign_magnitude(picked) if self.dtype == torch.int8 else picked
+        return _from_sign_magnitude(picked) if self.dtype == torch.int8 and not self.k_major else picked
 
     def unpack(self) -> torch.Tensor:
         """The weight [out_features, in_features] back from the packing."""
         weight = self._blocks(self.packed).permute(0, 2, 1, 3).reshape(-1, self.in_features)[: self.out_features]
-        return _from_sign_magnitude(weight) if self.dtype == torch.int8 else weight.contiguous()
+        return _from_sign_magnitude(weight) if self.dtype == torch.int8 and not self.k_major else weight.contiguous()
 
 
 def _sign_magnitude(q: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,8 @@ def active_path() -> str:
 
 
 def w8a8_paths() -> tuple[str, ...]:
-    """w8a8's kernel paths present on this CPU, best first ("amx", "avx512-vnni", "plain"); () without the kernels."""
+    """w8a8's kernel paths present on this CPU, best first ("amx", "avx512-vnni", "avx2", "plain"); () without the
+    kernels."""
     return _w8a8_paths() if hasattr(torch.ops.kev, "w8a8_paths") else ()
 
 
@@ -45,7 +46,7 @@ def _w8a8_paths() -> tuple[str, ...]:
     return tuple(torch.ops.kev.w8a8_paths())
 
 
-W8A8_PATHS = {"avx512-vnni": 1, "plain": 2, "amx": 3}  # cpu_kernels/w8a8_gemm.cpp's path numbers
+W8A8_PATHS = {"avx512-vnni": 1, "plain": 2, "amx": 3, "avx2": 4}  # cpu_kernels/w8a8_gemm.cpp's path numbers
 
 
 def cell_layout(kind: Kind, has_d: bool) -> list[tuple[str, int]]:

@@ -53,9 +53,9 @@ def test_int8_holds_what_the_plan_says_and_about_half_of_bf16(int8_engine):
     bf16_plan = make_plan(inputs_for(config("bf16"), shape_of(model.config)))
     assert model.weight_bytes() <= 0.55 * bf16_plan.weights_bytes
     packed = [m.packed for m in model.modules() if isinstance(getattr(m, "packed", None), GemmWeight)]
-    if torch.ops.kev.linear_available():  # Kev's GEMM (AVX-512): it holds the int8 weights, packed
+    if torch.ops.kev.linear_available():  # Kev's GEMM (AVX-512, or AVX2): it holds the int8 weights, packed
         assert packed and all(p.packed.dtype == torch.int8 for p in packed)
-    else:  # an AVX2-only CPU: the int8 weights stay as they are, multiplied over fixed tiles
+    else:  # no kernels built: the int8 weights stay as they are, multiplied over fixed tiles
         quantized = [m for m in model.modules() if isinstance(m, Linear) and m.scale is not None]
         assert not packed and quantized and all(m.weight.dtype == torch.int8 for m in quantized)
 

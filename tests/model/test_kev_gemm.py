@@ -16,10 +16,18 @@ SHAPES = [(576, 960), (1536, 576), (64, 40), (576, 49152 // 16)]  # (in, out): 4
 
 
 @pytest.fixture(scope="module")
-def gemm_ready() -> None:
+def kernels() -> None:
     load_cpu_kernels(cache_root())
-    if not can_use_kev_gemm(torch.empty(16, 16, dtype=torch.bfloat16)):
-        pytest.skip("Kev's GEMM needs AVX-512 BF16 and the C++ kernels")
+
+
+@pytest.fixture
+def gemm_ready(kernels, request) -> None:
+    """Skips a test whose weight dtype (its `dtype` parameter, else bf16 / int8) this build's GEMM does not take:
+    an AVX2 build takes fp32 only."""
+    dtype = request.node.callspec.params.get("dtype", torch.bfloat16) if hasattr(request.node, "callspec") \
+        else torch.bfloat16
+    if not can_use_kev_gemm(torch.empty(16, 16, dtype=dtype)):
+        pytest.skip(f"Kev's GEMM takes no {dtype} weights here (bf16 and int8 need AVX-512 BF16)")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -56,6 +64,14 @@ def test_a_rows_bits_never_depend_on_m(gemm_ready, dtype, threads):
         torch.set_num_threads(before)
 
 
+@pytest.fixture
+def int8_rows(kernels) -> torch.dtype:
+    """The activation dtype int8 weights run with: bf16 on AVX-512 BF16, fp32 on an AVX2 build."""
+    if not can_use_kev_gemm(torch.empty(16, 16, dtype=torch.int8)):
+        pytest.skip("Kev's GEMM takes no int8 weights here")
+    return torch.float32 if torch.ops.kev.linear_fp32_only() else torch.bfloat16
+
+
 def int8_weight(shape: tuple[int, int], seed: int, bias: bool = True) -> tuple[GemmWeight, torch.Tensor, torch.Tensor,
                                                                                torch.Tensor | None]:
     in_features, out_features = shape
@@ -66,28 +82,29 @@ def int8_weight(shape: tuple[int, int], seed: int, bias: bool = True) -> tuple[G
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_int8_product_is_the_scaled_integer_product(gemm_ready, shape):
+def test_int8_product_is_the_scaled_integer_product(int8_rows, shape):
     packed, q, scale, bias = int8_weight(shape, 1)
-    x = torch.randn(37, shape[0], generator=torch.Generator().manual_seed(2)).bfloat16()
+    x = torch.randn(37, shape[0], generator=torch.Generator().manual_seed(2)).to(int8_rows)
     want = (x.float() @ q.float().T) * scale + bias
     for rows in (1, 2, 5, 37):  # in registers (<= 6 rows) and through the widened panel
         got = packed(x[:rows])
-        assert got.dtype == torch.bfloat16
+        assert got.dtype == int8_rows
         assert ((got.float() - want[:rows]).abs().max() / want.abs().max()).item() < 1e-2
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_int8_rows_bits_never_depend_on_m_and_match_bf16_integers(gemm_ready, threads):
-    """int8 runs the bf16 kernel's very sum on the widened integers: a row's bits equal bf16's on q (then × scale)."""
+def test_int8_rows_bits_never_depend_on_m_and_match_float_integers(int8_rows, threads):
+    """int8 runs the float kernel's very sum on the widened integers (bf16's on AVX-512, fp32's on AVX2): a row's
+    bits equal that kernel's on q as floats (then × scale)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for shape in SHAPES[:3]:
             packed, q, scale, _ = int8_weight(shape, shape[0], bias=False)
-            x = probe_data(80, shape[0], 1).bfloat16()
+            x = probe_data(80, shape[0], 1).to(int8_rows)
             reference = packed(x)
             unit = GemmWeight(q, None, torch.ones_like(scale))  # × 1.0 is exact: the sum itself shows
-            assert torch.equal(unit(x), GemmWeight(q.bfloat16(), None, None)(x))
+            assert torch.equal(unit(x), GemmWeight(q.to(int8_rows), None, None)(x))
             for m in (1, 2, 3, 4, 5, 6, 7, 13, 16, 33, 64, 79):
                 for start in range(0, 80 - m + 1, max(m, 7)):
                     assert torch.equal(packed(x[start:start + m]), reference[start:start + m]), (shape, m, start)

@@ -1,7 +1,7 @@
 """core.precision w8a8's kernel (kernels/w8a8_gemm.cpp, model/quant_weight.py's pack_w8a8): per-column int8 weights
 times per-row int8 activations, one int32 sum over all of K. Every path (AMX tiles where the CPU has them, AVX-512
-VNNI, plain C++) and torch's reference give the same bits, each path forced; a row's bits are the same at every M in
-1..80 and at 1 and 2 threads; the product is close to x times the dequantized weights."""
+VNNI, AVX2, plain C++) and torch's reference give the same bits, each path forced; a row's bits are the same at every
+M in 1..80 and at 1 and 2 threads; the product is close to x times the dequantized weights."""
 from __future__ import annotations
 
 import pytest
@@ -39,6 +39,8 @@ def test_every_path_the_cpu_has_is_built(paths):
     names = w8a8_paths()
     if {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags():
         assert "avx512-vnni" in names
+    if {"avx2", "fma", "f16c"} <= cpu_flags():
+        assert "avx2" in names
     if {"amx_tile", "amx_int8"} <= cpu_flags():  # and Linux gave the process the tile state
         assert names[0] == "amx"
     assert names[-1] == "plain"

@@ -15,7 +15,8 @@
 // every path, at every M and thread count, by construction.
 //
 // Paths: AMX (Sapphire Rapids and later: amx_tile + amx_int8, and Linux's permission for the tile state, asked once
-// per process), AVX-512 VNNI, and plain C++; the best present is chosen at run time, tests force each.
+// per process), AVX-512 VNNI, AVX2 (vpmaddubsw, exact by the sign trick below), and plain C++; the best present is
+// chosen at run time, tests force each.
 #pragma GCC optimize("fp-contract=off")
 
 #include <ATen/ATen.h>
@@ -23,6 +24,7 @@
 #include <torch/library.h>
 
 #include "ops.h"
+#include "vec_avx2.h"
 #include "vec_math.h"
 
 #include <algorithm>
@@ -64,7 +66,9 @@ constexpr int64_t kCols = 16;        // output columns per cell
 constexpr int64_t kTileK = 64;       // k per cell (an AMX tile row of bytes)
 constexpr int64_t kCellBytes = 1024; // 16 steps × 16 columns × 4 k
 constexpr int64_t kTileRows = 16;    // rows of an AMX A / C tile
-enum Path : int64_t { kAuto = 0, kVnni = 1, kPlain = 2, kAmx = 3 };
+enum Path : int64_t { kAuto = 0, kVnni = 1, kPlain = 2, kAmx = 3, kAvx2 = 4 };
+
+typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
 
 struct Aligned {
   void operator()(void* p) const { std::free(p); }
@@ -76,7 +80,7 @@ struct Aligned {
 // tile's 16 rows in the same few L1 sets). Rows past `rows` and k past K are 0.
 struct Acts {
   int64_t rows = 0, padded = 0, group = 0, kt = 0;
-  std::unique_ptr<int8_t, Aligned> q;
+  std::unique_ptr<int8_t, Aligned> q, qa;  // qa: |q| (the AVX2 path's), or none
   std::vector<float> dx;
   std::vector<int32_t> start;
   // Row m's first 64 k; its next 64 k are kTileK · group bytes further.
@@ -126,13 +130,65 @@ void quantize_vector(const T* x, int64_t k, int8_t* q, int64_t stride, float& dx
 }
 #endif
 
-Acts quantize(const at::Tensor& x, int64_t kt, bool vector) {
+#if KEV_AVX2
+// quantize_plain's operations 8 lanes at a time (|x| max, one IEEE reciprocal, products rounded to nearest even by
+// vcvtps2dq under the default rounding mode); a tail of K past a multiple of 8 takes the scalar steps.
+template <class T>
+void quantize_avx2(const T* x, int64_t k, int8_t* q, int64_t stride, float& dx, int32_t& start) {
+  const int64_t k8 = k / 8 * 8;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 vmax = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k8; i += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, load8(x + i)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float amax = 0.0f;
+  for (float v : lanes) amax = std::max(amax, v);
+  for (int64_t i = k8; i < k; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[i])));
+  const float d = amax / 127.0f;
+  const float idf = d != 0.0f ? 1.0f / d : 0.0f;
+  const __m256 id = _mm256_set1_ps(idf);
+  __m256i sum = _mm256_setzero_si256();
+  for (int64_t i = 0; i < k8; i += 8) {
+    const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(load8(x + i), id));
+    const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));  // |v| <= 127
+    const __m128i w8 = _mm_packs_epi16(w16, w16);
+    std::memcpy(q + i / kTileK * stride + i % kTileK, &w8, 8);  // 8 k never cross a 64-k tile (8 divides 64)
+    sum = _mm256_add_epi32(sum, v);
+  }
+  alignas(32) int32_t sums[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sums), sum);
+  int32_t total = 0;
+  for (int32_t v : sums) total += v;
+  for (int64_t i = k8; i < k; ++i) {
+    const int32_t v = static_cast<int32_t>(std::nearbyint(static_cast<float>(x[i]) * idf));
+    q[i / kTileK * stride + i % kTileK] = static_cast<int8_t>(v), total += v;
+  }
+  dx = d, start = -128 * total;
+}
+#endif
+
+// One row's quants at q (k i at q + (i / 64) · stride + i % 64), with the path's quantization.
+template <class T>
+void quantize_row(const T* x, int64_t k, int8_t* q, int64_t stride, float& dx, int32_t& start, bool vector) {
+#if KEV_W8_VNNI
+  if (vector) return quantize_vector(x, k, q, stride, dx, start);
+#elif KEV_AVX2
+  if (vector) return quantize_avx2(x, k, q, stride, dx, start);
+#endif
+  (void)vector;
+  quantize_plain(x, k, q, stride, dx, start);
+}
+
+// absolute: also |q| (AVX2's unsigned side), at the same offsets in a.qa.
+Acts quantize(const at::Tensor& x, int64_t kt, bool vector, bool absolute = false) {
   const int64_t rows = x.size(0), k = x.size(1);
   Acts a;
   a.rows = rows, a.kt = kt;
   a.group = std::min(rows, kTileRows);
   a.padded = (rows + a.group - 1) / a.group * a.group;  // whole AMX tiles
-  a.q.reset(static_cast<int8_t*>(std::aligned_alloc(64, std::max<int64_t>(64, a.padded * kt * kTileK))));
+  const int64_t bytes = std::max<int64_t>(64, a.padded * kt * kTileK);
+  a.q.reset(static_cast<int8_t*>(std::aligned_alloc(64, bytes)));
+  if (absolute) a.qa.reset(static_cast<int8_t*>(std::aligned_alloc(64, bytes)));
   a.dx.resize(rows), a.start.resize(rows);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor xf = bf16 || x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
@@ -142,19 +198,15 @@ Acts quantize(const at::Tensor& x, int64_t kt, bool vector) {
       int8_t* q = const_cast<int8_t*>(a.row(m));
       if (m >= rows) {
         for (int64_t t = 0; t < kt; ++t) std::memset(q + t * stride, 0, kTileK);
-        continue;
+      } else {
+        if (k % kTileK) std::memset(q + (kt - 1) * stride + k % kTileK, 0, kTileK - k % kTileK);
+        if (bf16) quantize_row(xf.data_ptr<at::BFloat16>() + m * k, k, q, stride, a.dx[m], a.start[m], vector);
+        else quantize_row(xf.data_ptr<float>() + m * k, k, q, stride, a.dx[m], a.start[m], vector);
       }
-      if (k % kTileK) std::memset(q + (kt - 1) * stride + k % kTileK, 0, kTileK - k % kTileK);
-#if KEV_W8_VNNI
-      if (vector) {
-        if (bf16) quantize_vector(xf.data_ptr<at::BFloat16>() + m * k, k, q, stride, a.dx[m], a.start[m]);
-        else quantize_vector(xf.data_ptr<float>() + m * k, k, q, stride, a.dx[m], a.start[m]);
-        continue;
-      }
-#endif
-      (void)vector;
-      if (bf16) quantize_plain(xf.data_ptr<at::BFloat16>() + m * k, k, q, stride, a.dx[m], a.start[m]);
-      else quantize_plain(xf.data_ptr<float>() + m * k, k, q, stride, a.dx[m], a.start[m]);
+      if (!absolute) continue;
+      int8_t* qa = a.qa.get() + (q - a.q.get());
+      for (int64_t t = 0; t < kt; ++t)
+        for (int64_t i = 0; i < kTileK; ++i) qa[t * stride + i] = static_cast<int8_t>(std::abs(q[t * stride + i]));
     }
   });
   return a;
@@ -217,8 +269,6 @@ inline void finish16(const Weights& w, const Acts& a, int64_t m, int64_t block, 
   _mm256_mask_storeu_epi16(out.bf16 + at, mask_of(w.out_features - col), _mm512_cvtepi32_epi16(bits));
 }
 
-typedef int32_t __attribute__((may_alias, aligned(1))) unaligned_i32;
-
 // acc += 4-byte dot products of u (unsigned) and s (signed) per lane: vpdpbusd in inline asm, since GCC 12 copies
 // the intrinsic's accumulator between registers at every use (a third of the loop's instructions).
 inline void dot(__m512i& acc, __m512i u, __m512i s) { asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s)); }
@@ -277,6 +327,103 @@ void vnni_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, const O
       else four[mr - 1](w, a, row0, block, out);
     }
     block += whole ? nb : 1;
+  }
+}
+#endif
+
+#if KEV_AVX2
+// AVX2 has no int8 dot product into int32, and vpmaddubsw's int16 pair sums saturate for a u8 · s8 pair of full
+// range. The sign trick keeps them exact: |q| (0..127, the unsigned side) times w with q's sign (vpsignb: -127..127)
+// is q · w, and a pair sums to at most 2 · 127 · 127 = 32,258 < 32,767. vpmaddwd by ones widens the pairs to int32,
+// so a lane sums 4 k. The weights are read from the cells as the other paths read them (w + 128, flipped back to w
+// by the top bit), and the sum is Σ q · w itself: the other paths' raw + start, the same integer.
+// A step's 64 bytes are 16 columns × 4 k: its first 32 bytes one 8-column half (h = 0), the next 32 the other.
+
+// 8 columns of row m (half h of a block) from their int32 sums.
+inline void finish8(const Weights& w, const Acts& a, int64_t m, int64_t col, __m256i isum, const Out& out) {
+  __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_loadu_ps(w.scale + col));
+  v = _mm256_mul_ps(v, _mm256_set1_ps(a.dx[m]));
+  if (w.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(w.bias + col));
+  const int64_t n = std::min<int64_t>(8, w.out_features - col);
+  if (n <= 0) return;
+  const int64_t at = m * w.out_features + col;
+  if (n == 8) {
+    if (out.bf16) return store8(reinterpret_cast<at::BFloat16*>(out.bf16 + at), v);
+    return _mm256_storeu_ps(out.fp32 + at, v);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  for (int64_t i = 0; i < n; ++i) out.store(at + i, lanes[i]);
+}
+
+// acc += the 4-k dot products of w (signed) and the broadcast q: the four instructions in one asm with one scratch
+// register, since GCC otherwise keeps a copy of each step's products live and spills accumulators to the stack.
+inline __m256i signed_dot(__m256i acc, __m256i w, __m256i xq, __m256i xa, __m256i ones) {
+  __m256i t;
+  asm("vpsignb %[xq], %[w], %[t]\n\t"
+      "vpmaddubsw %[t], %[xa], %[t]\n\t"
+      "vpmaddwd %[ones], %[t], %[t]\n\t"
+      "vpaddd %[t], %[acc], %[acc]"
+      : [acc] "+x"(acc), [t] "=&x"(t)
+      : [w] "x"(w), [xq] "x"(xq), [xa] "x"(xa), [ones] "x"(ones));
+  return acc;
+}
+
+// A register tile of MR rows × NH 8-column halves (NH / 2 column blocks), 16 ymm registers: MR · NH accumulators,
+// NH weight vectors, the row's broadcast q and |q| (read from a.qa: vpabsb would take one of the two pipes that
+// vpsignb, vpmaddubsw and vpmaddwd share on Zen 3), ones and a product.
+template <int MR, int NH>
+void avx2_tile(const Weights& w, const Acts& a, int64_t row0, int64_t block0, const Out& out) {
+  __m256i acc[MR][NH];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NH; ++j) acc[r][j] = _mm256_setzero_si256();
+  const int8_t* x[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) x[r] = a.row(row0 + r);
+  const int64_t stride = a.tile_stride(), to_abs = a.qa.get() - a.q.get();
+  const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  for (int64_t t = 0; t < w.kt; ++t) {
+    const uint8_t* c = w.cell(block0, t);
+    for (int s = 0; s < 16; ++s) {
+      __m256i wv[NH];
+#pragma GCC unroll 8
+      for (int j = 0; j < NH; ++j)
+        wv[j] = _mm256_xor_si256(top, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                          c + (j / 2) * w.kt * kCellBytes + s * 64 + (j % 2) * 32)));
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256i xq = _mm256_set1_epi32(*reinterpret_cast<const unaligned_i32*>(x[r] + t * stride + s * 4));
+        const __m256i xa =
+            _mm256_set1_epi32(*reinterpret_cast<const unaligned_i32*>(x[r] + to_abs + t * stride + s * 4));
+#pragma GCC unroll 8
+        for (int j = 0; j < NH; ++j) acc[r][j] = signed_dot(acc[r][j], wv[j], xq, xa, ones);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+    for (int j = 0; j < NH; ++j) finish8(w, a, row0 + r, (block0 + j / 2) * kCols + (j % 2) * 8, acc[r][j], out);
+}
+
+using Avx2TileFn = void (*)(const Weights&, const Acts&, int64_t, int64_t, const Out&);
+constexpr int kAvx2Rows = 4;
+
+void avx2_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, const Out& out) {
+  static const Avx2TileFn one[kAvx2Rows] = {avx2_tile<1, 2>, avx2_tile<2, 2>, avx2_tile<3, 2>, avx2_tile<4, 2>};
+  // One or two rows (a lone question's decode): two column blocks keep more weight loads in flight.
+  const bool wide = a.rows <= 2;
+  for (int64_t block = b0; block < b1;) {
+    if (wide && b1 - block >= 2) {
+      (a.rows == 1 ? avx2_tile<1, 4> : avx2_tile<2, 4>)(w, a, 0, block, out);
+      block += 2;
+      continue;
+    }
+    for (int64_t row0 = 0; row0 < a.rows; row0 += kAvx2Rows)
+      one[std::min<int64_t>(kAvx2Rows, a.rows - row0) - 1](w, a, row0, block, out);
+    ++block;
   }
 }
 #endif
@@ -369,6 +516,9 @@ bool amx_usable() {
 bool path_present(Path p) {
   switch (p) {
     case kPlain: return true;
+#if KEV_AVX2
+    case kAvx2: return true;
+#endif
 #if KEV_W8_VNNI
     case kVnni: return true;
 #endif
@@ -385,6 +535,7 @@ constexpr int64_t kAmxMinRows = 4;
 Path best_path(int64_t rows) {
   if (rows >= kAmxMinRows && path_present(kAmx)) return kAmx;
   if (path_present(kVnni)) return kVnni;
+  if (path_present(kAvx2)) return kAvx2;
   return kPlain;
 }
 
@@ -394,7 +545,7 @@ bool is_w8a8_cells(const at::Tensor& cells) { return cells.dim() == 3 && cells.s
 
 // x: [M, K] bf16 / fp32; cells: uint8 [blocks, ceil(K/64), 1024] as above; scale: fp32 [blocks·16]. Returns fp32
 // [M, out_features], or with like_x x's dtype (ops.h's LinearOutput). path: 0 the best present, 1 AVX-512 VNNI,
-// 2 plain C++, 3 AMX (tests force each).
+// 2 plain C++, 3 AMX, 4 AVX2 (tests force each).
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
                        const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "kev::w8a8_linear: x must be a contiguous [rows, K] matrix");
@@ -415,7 +566,7 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
   if (rows == 0) return result.done();
   const Weights w{cells.data_ptr<uint8_t>(), scale->data_ptr<float>(), has_bias ? bias->data_ptr<float>() : nullptr,
                   kt, cells.size(0), out_features};
-  const Acts a = quantize(x, kt, chosen != kPlain);
+  const Acts a = quantize(x, kt, chosen != kPlain, chosen == kAvx2);
   const Out op{result.fp32, result.rounded};
   // Column blocks split over threads in pairs (AMX's two B tiles); a thread gets enough weight bytes to pay for
   // waking it.
@@ -428,6 +579,9 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
 #if KEV_W8_VNNI
     if (chosen == kVnni) return vnni_chunk(w, a, b0, b1, op);
 #endif
+#if KEV_AVX2
+    if (chosen == kAvx2) return avx2_chunk(w, a, b0, b1, op);
+#endif
     plain_chunk(w, a, b0, b1, op);
   };
   at::parallel_for(0, pairs, grain, [&](int64_t begin, int64_t end) {
@@ -436,11 +590,12 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
   return result.done();
 }
 
-// The paths present here, best first: "amx", "avx512-vnni", "plain".
+// The paths present here, best first: "amx", "avx512-vnni", "avx2", "plain".
 std::vector<std::string> w8a8_paths() {
   std::vector<std::string> names;
   if (path_present(kAmx)) names.emplace_back("amx");
   if (path_present(kVnni)) names.emplace_back("avx512-vnni");
+  if (path_present(kAvx2)) names.emplace_back("avx2");
   names.emplace_back("plain");
   return names;
 }
@@ -449,7 +604,7 @@ std::vector<std::string> w8a8_paths() {
 std::tuple<at::Tensor, at::Tensor> w8a8_quantize(const at::Tensor& x, bool vector) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "kev::w8a8_quantize: x must be a contiguous [rows, K] matrix");
   const int64_t k = x.size(1);
-  const Acts a = quantize(x, (k + kTileK - 1) / kTileK, vector && path_present(kVnni));
+  const Acts a = quantize(x, (k + kTileK - 1) / kTileK, vector && (path_present(kVnni) || path_present(kAvx2)));
   auto q = at::empty({x.size(0), k}, x.options().dtype(at::kChar));
   auto dx = at::empty({x.size(0)}, x.options().dtype(at::kFloat));
   for (int64_t m = 0; m < a.rows; ++m) {
