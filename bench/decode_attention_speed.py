@@ -1,6 +1,6 @@
 """The decode attention kernel (cpu_kernels/paged_attention.cpp) as a step runs it: N channels of L keys each in a paged
 cache (blocks of 16 slots, shuffled), one cache per layer for 30 layers (so at N=64 the keys stream from memory as in
-the engine), 9 heads over 3 kv heads, dim 64, bf16 (the default model's shape). Prints ms per step (30 calls), the
+the engine), 9 heads over 3 kv heads, dim 64, bf16 or fp32 (--dtype; the default model's shape). Prints ms per step (30 calls), the
 fastest of --repeats, and writes the last output to --out (compare two trees' outputs: a change that should keep the
 bits must give the same tensor).
 
@@ -26,6 +26,8 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default="", help="save the last output here (torch.save)")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                        help="K/V and queries (fp32: what a CPU without native bf16 runs)")
     args = parser.parse_args()
     assert load_cpu_kernels(cache_root())
     torch.set_num_threads(args.threads)
@@ -35,8 +37,9 @@ def main() -> None:
     order = torch.randperm(n * blocks + 8, generator=gen)
     slots = torch.cat([(order[c * blocks:(c + 1) * blocks, None] * BLOCK + torch.arange(BLOCK)).flatten()[:length]
                        for c in range(n)])
-    caches = [torch.randn(2, (n * blocks + 8) * BLOCK, KV_HEADS, DIM, generator=gen).bfloat16() for _ in range(LAYERS)]
-    q = torch.randn(n, HEADS, DIM, generator=gen).bfloat16()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    caches = [torch.randn(2, (n * blocks + 8) * BLOCK, KV_HEADS, DIM, generator=gen).to(dtype) for _ in range(LAYERS)]
+    q = torch.randn(n, HEADS, DIM, generator=gen).to(dtype)
     out = torch.empty_like(q)
     rows, starts, lengths = torch.arange(n), torch.arange(n) * length, torch.full((n,), length)
     best = float("inf")
