@@ -80,9 +80,9 @@ def run_documents(engine: Engine, against_vllm: bool, progress: Progress, num_do
     three = [d.question(t) for d in docs for t in range(3)]
     sweep = _sweep_questions(engine)
     engine.generate(["warm up"], timeout=600, max_tokens=2)
-    progress("kev: 32 documents x 1 task", 0, 5)
+    progress(f"kev: {len(docs)} documents x 1 task", 0, 5)
     kev_one_s, kev_one = _timed(engine, one, MAX_TOKENS)
-    progress("kev: 32 documents x 3 tasks", 1, 5)
+    progress(f"kev: {len(docs)} documents x 3 tasks", 1, 5)
     kev_three_s, kev_three = _timed(engine, three, MAX_TOKENS)
     progress("kev: prompt tokens/s against document length", 2, 5)
     kev_sweep = {length: _timed(engine, qs, 1)[0] for length, qs in sweep.items()}

@@ -43,11 +43,12 @@
 
 namespace kev {
 
+constexpr int kBlock = 16;  // output columns per packed block (one zmm of fp32, two ymm)
+constexpr int64_t kMinThreadWork = int64_t{2} << 20;  // bytes-equivalent per thread, see linear()
+
 #if KEV_HAS_GEMM
 
-constexpr int kBlock = 16;  // output columns per packed block (one zmm of fp32)
 constexpr int kMaxRows = 6;
-constexpr int64_t kMinThreadWork = int64_t{2} << 20;  // bytes-equivalent per thread, see linear()
 
 // Weight loaders: `load` gives the weights of one block for kGroup consecutive k steps. bf16: x rows are read
 // as int32 pairs (x[2k], x[2k+1]); packed weights [blocks][K/2][16] pairs.
@@ -252,8 +253,6 @@ void column_range(const typename T::Step* xp, const typename T::W* wp, const flo
 // order), so the same bits as there. int8: each weight widened exactly to fp32 (vpmovsxbd, vcvtdq2ps) and the same
 // vfmadd sum, times the column's scale once at the end. MR rows × NB blocks: 2 · MR · NB accumulators of the 16 ymm
 // registers.
-constexpr int kBlock = 16;
-constexpr int64_t kMinThreadWork = int64_t{2} << 20;
 
 inline void load_weights(const float* w, __m256& w0, __m256& w1) { w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8); }
 inline void load_weights(const int8_t* w, __m256& w0, __m256& w1) {
@@ -335,15 +334,22 @@ void column_range_avx2(const float* xp, const W* wp, const float* bp, const floa
 #endif  // KEV_GEMM_AVX2
 
 // x: [M, K] (bf16 or fp32, contiguous); packed: from model/linear.py's GemmWeight (bf16: int32 pairs
-// [blocks, K/2, 16]; fp32: [blocks, K, 16]; int8: [blocks, K/2, 32] with bf16 x and a scale); bias, scale:
-// fp32 padded to the packed width, or none. Returns [M, out_features] in x's dtype.
+// [blocks, K/2, 16]; fp32: [blocks, K, 16]; int8: [blocks, K/2, 32] with bf16 x and a scale; on an AVX2 build fp32 x
+// only, int8 k-major [blocks, K, 16]); bias, scale: fp32 padded to the packed width, or none. Returns
+// [M, out_features] in x's dtype.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                   const c10::optional<at::Tensor>& scale, int64_t out_features) {
-#if KEV_HAS_GEMM
+#if KEV_HAS_GEMM || KEV_GEMM_AVX2
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "kev::linear: x must be a contiguous [rows, in_features] matrix");
   const bool int8 = packed.scalar_type() == at::kChar;
+#if KEV_HAS_GEMM
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == (int8 ? 2 : 1) * kBlock && (!int8 || packed.size(1) % 2 == 0),
               "kev::linear: packed weight must be [blocks, k, 16] (int8: [blocks, k pairs (even), 32])");
+#else
+  TORCH_CHECK(x.scalar_type() == at::kFloat && (int8 || packed.scalar_type() == at::kFloat) && packed.dim() == 3 &&
+                  packed.size(2) == kBlock && packed.size(1) == x.size(1),
+              "kev::linear on AVX2: fp32 x and a weight packed [blocks, K, 16] (fp32 or int8) of the same K");
+#endif
   TORCH_CHECK(packed.size(0) * kBlock >= out_features, "kev::linear: out_features exceeds the packed blocks");
   TORCH_CHECK(int8 == (scale && scale->defined()), "kev::linear: int8 weights need a scale, others none");
   const int64_t rows = x.size(0), steps = packed.size(1);
@@ -355,10 +361,11 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
   // Columns split over threads only where each thread gets enough work to pay for waking another: with
   // OMP_WAIT_POLICY=PASSIVE (Kev's default, for busy neighbours) a wake costs ~40 us here, more than a
   // small decode GEMM takes on one thread. Work of a block: its weight bytes, streamed once, plus its
-  // multiply-adds (about one byte-equivalent per 4 rows). An int8 block counts as bf16: widening it costs
-  // about what streaming the bytes it saves would.
+  // multiply-adds (about one byte-equivalent per 4 rows). An int8 block counts as its rows' dtype: widening it
+  // costs about what streaming the bytes it saves would.
   const int64_t block_bytes = kBlock * x.size(1) * x.element_size();
   const int64_t grain = std::max<int64_t>(8, kMinThreadWork / (block_bytes * (1 + rows / 4)));
+#if KEV_HAS_GEMM
   if (x.scalar_type() == at::kBFloat16) {
     TORCH_CHECK((packed.scalar_type() == at::kInt || int8) && steps * 2 == x.size(1),
                 "kev::linear: bf16 x needs a bf16- or int8-packed weight of the same K");
@@ -385,29 +392,14 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
       column_range<Fp32>(xp, wp, bp, nullptr, op, rows, steps, out_features, begin, end);
     });
   }
-  return out;
-#elif KEV_GEMM_AVX2
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "kev::linear: x must be a contiguous [rows, in_features] matrix");
-  const bool int8 = packed.scalar_type() == at::kChar;
-  TORCH_CHECK(x.scalar_type() == at::kFloat && (int8 || packed.scalar_type() == at::kFloat) && packed.dim() == 3 &&
-                  packed.size(2) == kBlock && packed.size(1) == x.size(1),
-              "kev::linear on AVX2: fp32 x and a weight packed [blocks, K, 16] (fp32 or int8) of the same K");
-  TORCH_CHECK(packed.size(0) * kBlock >= out_features, "kev::linear: out_features exceeds the packed blocks");
-  TORCH_CHECK(int8 == (scale && scale->defined()), "kev::linear: int8 weights need a scale, others none");
-  const int64_t rows = x.size(0), steps = packed.size(1);
-  const int64_t blocks = (out_features + kBlock - 1) / kBlock;
-  const float* bp = bias && bias->defined() ? bias->data_ptr<float>() : nullptr;
-  const float* sp = int8 ? scale->data_ptr<float>() : nullptr;
-  auto out = at::empty({rows, out_features}, x.options());
-  if (rows == 0) return out;
-  const int64_t block_bytes = kBlock * x.size(1) * x.element_size();  // the AVX-512 path's threading rule
-  const int64_t grain = std::max<int64_t>(8, kMinThreadWork / (block_bytes * (1 + rows / 4)));
+#else
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     if (int8) column_range_avx2(xp, packed.data_ptr<int8_t>(), bp, sp, op, rows, steps, out_features, begin, end);
     else column_range_avx2(xp, packed.data_ptr<float>(), bp, sp, op, rows, steps, out_features, begin, end);
   });
+#endif
   return out;
 #else
   TORCH_CHECK(false, "kev::linear needs AVX-512 with BF16, or AVX2 with FMA (built without either)");
