@@ -11,9 +11,11 @@ from kev.bench.throughput import model_folder, prompt_ids
 from kev.bench.vllm_anchor import VllmBatch, run_vllm
 from kev.engine.engine import Engine
 
+LONG_PROMPTS, SHORT_PROMPTS = 32, 128
 
-def run_mixed(engine: Engine, max_tokens: int, against_vllm: bool, num_long: int = 32,
-              num_short: int = 128) -> dict[str, Any]:
+
+def run_mixed(engine: Engine, max_tokens: int, against_vllm: bool, num_long: int = LONG_PROMPTS,
+              num_short: int = SHORT_PROMPTS) -> dict[str, Any]:
     questions = mixed_questions(num_long, num_short)
     prompts = [prompt_ids(engine, q) for q in questions]
     options: dict[str, Any] = {"max_tokens": max_tokens, "timeout_ms": 600_000}
