@@ -10,6 +10,7 @@ from kev.config import KevConfig
 from kev.engine.device_setup import DeviceSetup, check_gpu_linear, device_kernels
 from kev.engine.packer import RowTiling
 from kev.model.cpu_kernels import load_cpu_kernels
+from kev.model.head_rescoring import two_pass_head
 from kev.model.llama import LlamaModel
 from kev.model.model_store import cache_root
 from kev.model.quant_weight import kernel_paths
@@ -28,6 +29,7 @@ def row_tiling(config: KevConfig, model: LlamaModel) -> tuple[RowTiling, DeviceS
     ops = device_kernels(config, model)
     graphable = model.use_device_kernels(ops)
     model.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
+    model.rescored_head = two_pass_head(model) if kernels else None
     setup = DeviceSetup(ops, graphable, check_gpu_linear(config, model, ops))
     fixed = RowTiling(core.linear_tile, core.prefill_tile, core.batch_invariant, paged=graphable)
     if ops is not None and core.batch_invariant:
@@ -50,6 +52,7 @@ def shard_row_tiling(config: KevConfig, shard: LlamaModel) -> RowTiling:
     kernels = _use_cpu_kernels(config, shard)
     shard.prepack(config.router.max_parallel_queries, kev_gemm=kernels)
     shard.fused_layers = None
+    shard.rescored_head = None  # every rank runs the plain head (a shard's copy)
     core = config.core
     return RowTiling(core.linear_tile, core.prefill_tile, core.batch_invariant)
 

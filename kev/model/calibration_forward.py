@@ -14,13 +14,26 @@ from kev.model.step_metadata import ChannelSpan, StepMetadata
 
 def prompt_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
     """One causal forward of `ids` as one question's whole prompt in one step: the last row's logits [1, vocab]."""
-    rows = torch.arange(len(ids))
-    span = ChannelSpan(0, 0, len(ids), len(ids), rows, None, True)
-    meta = StepMetadata(torch.tensor(ids), rows, [len(ids)], rows, rows, [span], rows[-1:], [1])
-    cfg = model.config
-    caches = [PagedKVLayer(len(ids), cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device) for _ in model.layers]
+    meta, caches = _one_prompt(model, ids, every_row=False)
     with torch.no_grad():
         return model.forward(meta, caches)
+
+
+def head_inputs(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+    """The same forward, stopping before the head: every position's head input [len(ids), hidden]."""
+    meta, caches = _one_prompt(model, ids, every_row=True)
+    with torch.no_grad():
+        return model.final_hidden(meta, caches)
+
+
+def _one_prompt(model: LlamaModel, ids: list[int], every_row: bool) -> tuple[StepMetadata, list[PagedKVLayer]]:
+    rows = torch.arange(len(ids))
+    span = ChannelSpan(0, 0, len(ids), len(ids), rows, None, True)
+    sampled = rows if every_row else rows[-1:]
+    meta = StepMetadata(torch.tensor(ids), rows, [len(ids)], rows, rows, [span], sampled, [sampled.numel()])
+    cfg = model.config
+    caches = [PagedKVLayer(len(ids), cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device) for _ in model.layers]
+    return meta, caches
 
 
 PreHook = Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], None]

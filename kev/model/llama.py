@@ -5,6 +5,7 @@ gate_up_proj), which halve the number of tiled GEMM calls per layer.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -150,6 +151,10 @@ class LlamaModel(nn.Module):
         self.rope = self.make_rope()
         self.fused_layers: FusedLayers | None = None  # every layer in one C++ call (after prepack)
         self.smoothing: str | None = None  # w8a8's SmoothQuant fold, by its tag (kev/model/smoothing.py), or None
+        # w8a8: the calibration text's tokens (kev/model/smoothing.py) and the two-pass head the engine builds with
+        # them where Kev's kernels run (kev/model/head_rescoring.py), which then replaces the plain head
+        self.calibration_ids: list[int] | None = None
+        self.rescored_head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         """Layer `index`; other families override this (kev/model/families.py)."""
@@ -239,7 +244,8 @@ class LlamaModel(nn.Module):
         quants, kernels = sorted({p.type_name for p in parts}), sorted({p.kernel for p in parts})
         dtype = str(self.first_blocks()[0].qkv_proj.weight.dtype)
         smoothed = f"~{self.smoothing}" if self.smoothing else ""  # folded weights: other bits than unsmoothed ones
-        return f"{dtype}+{','.join(quants)}@{'+'.join(kernels)}{smoothed}" if quants else dtype
+        two_pass = "^head2" if self.rescored_head is not None else ""  # other logits than the plain head's
+        return f"{dtype}+{','.join(quants)}@{'+'.join(kernels)}{smoothed}{two_pass}" if quants else dtype
 
     def kernel_identity(self) -> str:
         """What decides the bits of a linear row: the shapes, the weights' dtype (int8 or the compute dtype) and
@@ -261,6 +267,10 @@ class LlamaModel(nn.Module):
 
     def forward(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:
         """Runs the packed step; returns fp32 logits [num_samples, vocab] for meta.sample_rows only."""
+        return self.logits(self.final_hidden(meta, caches), meta.sample_tiles)[: meta.sample_rows.numel()].float()
+
+    def final_hidden(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:
+        """The head's input [sum(meta.sample_tiles), hidden]: meta.sample_rows normed, zero rows padding the tiles."""
         x = self.embed(meta.input_ids)  # [rows, hidden], the residual stream
         fused = self.fused_layers if self.cpu_kernels else None
         pending = fused.run(x, meta, caches, self.rope.cos, self.rope.sin) if fused is not None else None
@@ -272,9 +282,15 @@ class LlamaModel(nn.Module):
             picked = picked + pending.index_select(0, meta.sample_rows)
         missing = sum(meta.sample_tiles) - picked.shape[0]
         picked = torch.cat([picked, picked.new_zeros(missing, picked.shape[1])]) if missing else picked
-        return self.logits(self.norm(picked), meta.sample_tiles)[: meta.sample_rows.numel()].float()
+        return self.norm(picked)
+
+    @property
+    def head(self) -> Linear:
+        return self.lm_head if self.lm_head is not None else self.embed_tokens
 
     def logits(self, hidden: torch.Tensor, tiles: list[int]) -> torch.Tensor:
         """hidden: [sum(tiles), hidden]."""
-        head = self.lm_head if self.lm_head is not None else self.embed_tokens
-        return head(hidden, tiles)
+        if self.rescored_head is not None:
+            two_pass = self.rescored_head
+            return two_pass(hidden) if len(tiles) <= 1 else torch.cat([two_pass(rows) for rows in hidden.split(tiles)])
+        return self.head(hidden, tiles)

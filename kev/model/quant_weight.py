@@ -288,15 +288,22 @@ def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(xf * inverse[:, None]).to(torch.int8), dx
 
 
-def reference_w8a8(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+def reference_w8a8(x: torch.Tensor, w: QuantWeight, split: int = 0) -> torch.Tensor:
     """cpu_kernels/w8a8_gemm.cpp's math in torch ops, fp32 [rows, out]: the exact integer sum over all of K (float64
     matmul of small integers is exact: |sum| < 2^31), then (float(isum) · scale[n]) · dx[m] (+ bias[n]), each step
-    rounded on its own."""
+    rounded on its own. split > 0: the first split · 64 columns of x and the rest quantized and summed apart, their
+    two terms added."""
     assert w.scale is not None
-    xq, dx = quantize_per_row(x)
-    isum = xq.to(torch.float64) @ w.unscaled().to(torch.float64).t()
-    out = isum.float() * w.scale[: w.out_features]
-    out = out * dx[:, None]
+    weight = w.unscaled().to(torch.float64)
+    at = split * W8_TILE_K if split else x.shape[1]
+    out = None
+    for part, cols in ((x[:, :at], weight[:, :at]), (x[:, at:], weight[:, at:])):
+        if part.shape[1] == 0:
+            continue
+        xq, dx = quantize_per_row(part)
+        term = ((xq.to(torch.float64) @ cols.t()).float() * w.scale[: w.out_features]) * dx[:, None]
+        out = term if out is None else out + term
+    assert out is not None
     return out + w.bias[: w.out_features] if w.bias is not None else out
 
 

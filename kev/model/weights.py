@@ -19,8 +19,8 @@ from kev.model.gguf_weights import attach_gguf, finish_quant_biases
 from kev.model.linear import Linear
 from kev.model.quantize import (attach_scales, cache_path, quantize_state, read_cached, split_scales, to_w8a8,
                                 write_cache)
-from kev.model.smoothing import (Smoothing, activation_maxima, default_smoothing, search_alphas, search_clips,
-                                 smooth_state)
+from kev.model.smoothing import (CALIBRATION, Smoothing, activation_maxima, default_smoothing, search_alphas,
+                                 search_clips, smooth_state)
 from kev.model.tokenizer import Tokenizer
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -60,6 +60,7 @@ def load_model(folder: Path, precision: str, device: torch.device, max_positions
     if precision == "w8a8":
         to_w8a8(model)
         model.smoothing = smoothing.tag if smoothing else None
+        model.calibration_ids = Tokenizer.from_folder(folder).encode(CALIBRATION.read_text(encoding="utf-8"))
     return model
 
 
@@ -122,6 +123,7 @@ def random_model(cfg: ModelConfig, precision: str, device: torch.device, max_pos
     model = _finish(model, quantize_state(state, model) if precision in ("int8", "w8a8") else state, precision, device)
     if precision == "w8a8":
         to_w8a8(model)
+        model.calibration_ids = torch.randint(cfg.vocab_size, (512,), generator=generator).tolist()
     return model
 
 

@@ -10,6 +10,7 @@ from gguf import GGUFReader
 import kev
 from kev.errors import ConfigError
 from kev.isolation.verify import VERIFY_QUESTIONS, VerifyOptions, run_verify
+from kev.model.head_rescoring import RescoredHead
 from kev.model.model_store import gguf_source, resolve_model_path
 from kev.model.quant_weight import QuantWeight
 
@@ -68,7 +69,19 @@ def test_fingerprint_names_the_formats_and_the_kernel_path(engines):
     fingerprints = {p: e.runner.fingerprint for p, e in engines.items()}
     assert len(set(fingerprints.values())) == 3
     assert engines["gguf"].runner.model.weight_numerics().startswith("torch.uint8+Q4_1,Q8_0@kev-quant-")
-    assert "~sq" in engines["w8a8"].runner.model.weight_numerics()  # the smoothing's tag: folded weights' bits
+    w8a8 = engines["w8a8"].runner.model
+    assert "~sq" in w8a8.weight_numerics()  # the smoothing's tag: folded weights' bits
+    assert ("^head2" in w8a8.weight_numerics()) == (w8a8.rescored_head is not None)  # the two-pass head's logits
+
+
+def test_w8a8_runs_the_two_pass_head_where_the_kernels_allow(engines):
+    model = engines["w8a8"].runner.model
+    if not RescoredHead.applies_to(model.head.packed):
+        pytest.skip("the two-pass head needs Kev's AVX-512 BF16 GEMM and the w8a8 kernel's VNNI path")
+    assert isinstance(model.rescored_head, RescoredHead)
+    before = model.rescored_head.rescored_blocks
+    first_logits(engines["w8a8"])
+    assert 0 < model.rescored_head.rescored_blocks - before < model.head.out_features // 16  # some blocks, not all
 
 
 def test_gguf_on_a_hugging_face_folder_is_a_config_error():

@@ -18,7 +18,7 @@ log = logging.getLogger("kev.model")
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("paged_attention.cpp", "row_ops.cpp", "linear_gemm.cpp", "decoder_layers.cpp",
-                        "prefill_attention.cpp", "quant_gemm.cpp", "w8a8_gemm.cpp")]
+                        "prefill_attention.cpp", "quant_gemm.cpp", "w8a8_gemm.cpp", "head_rescore.cpp")]
 # -fopenmp: at::parallel_for is OpenMP in torch's CPU build (the same libgomp.so.1 torch loaded is reused).
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 _lock = threading.Lock()

@@ -22,6 +22,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -403,6 +405,49 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
   return out;
 #else
   TORCH_CHECK(false, "kev::linear needs AVX-512 with BF16, or AVX2 with FMA (built without either)");
+#endif
+}
+
+// One bf16 row x against some column blocks of an int8-packed weight (the head's second pass,
+// head_rescore.cpp): out[n] for the 16 columns of each block in `blocks` becomes the fp32 value of the bf16 that
+// linear() gives that element, by the same tile (one vdpbf16ps sum per element, k in order, × scale, rounded once).
+bool int8_blocks_row(const at::BFloat16* x, const int8_t* packed, const float* scale, int64_t steps,
+                     const int64_t* blocks, int64_t count, int64_t out_features, float* out) {
+#if KEV_HAS_GEMM
+  // Four blocks a tile (four independent sums in flight), their weights and scales gathered side by side.
+  constexpr int kNb = 4;
+  const Int8 loader;
+  const int32_t* xr[1] = {reinterpret_cast<const int32_t*>(x)};
+  const int64_t block_bytes = steps * Int8::kWStep;
+  thread_local std::vector<int8_t> weights;
+  weights.resize(static_cast<size_t>(kNb * block_bytes));
+  alignas(64) float scales[kNb * kBlock];
+  alignas(64) at::BFloat16 sums[kNb * kBlock];
+  at::BFloat16* o[1] = {sums};
+  for (int64_t i = 0; i < count; i += kNb) {
+    const int nb = static_cast<int>(std::min<int64_t>(kNb, count - i));
+    for (int j = 0; j < nb; ++j) {
+      std::memcpy(weights.data() + j * block_bytes, packed + blocks[i + j] * block_bytes, block_bytes);
+      std::memcpy(scales + j * kBlock, scale + blocks[i + j] * kBlock, sizeof(float) * kBlock);
+    }
+    if (nb == kNb) {  // (a tail block's padded columns are summed into `sums` too, and not copied out)
+      tile<Int8, kNb, 1>(loader, xr, weights.data(), steps, Epilogue{nullptr, scales, kNb * kBlock}, o);
+    } else {
+      for (int j = 0; j < nb; ++j) {
+        at::BFloat16* one[1] = {sums + j * kBlock};
+        tile<Int8, 1, 1>(loader, xr, weights.data() + j * block_bytes, steps,
+                         Epilogue{nullptr, scales + j * kBlock, kBlock}, one);
+      }
+    }
+    for (int j = 0; j < nb; ++j) {
+      const int64_t block = blocks[i + j], valid = std::min<int64_t>(kBlock, out_features - block * kBlock);
+      for (int64_t c = 0; c < valid; ++c) out[block * kBlock + c] = static_cast<float>(sums[j * kBlock + c]);
+    }
+  }
+  return true;
+#else
+  (void)x, (void)packed, (void)scale, (void)steps, (void)blocks, (void)count, (void)out_features, (void)out;
+  return false;
 #endif
 }
 

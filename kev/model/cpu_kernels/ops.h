@@ -12,7 +12,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const c10::opti
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
                         const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x);
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
-                       const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x);
+                       const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x,
+                       int64_t split = 0);
 // The output of the quantized linears: fp32, or (like_x) x's dtype. A bf16 output is rounded with torch's .to() bits
 // (vec_math.h's round_to_bf16), without .to()'s pass over memory: by the kernel as it stores (kernel_rounds: then
 // no fp32 sums exist), or by each thread as it finishes a few column blocks, while their sums are in cache.
@@ -27,6 +28,8 @@ struct LinearOutput {
   at::Tensor done() const { return rounded ? rounded_out : sums.to(dtype); }
 };
 bool is_w8a8_cells(const at::Tensor& cells);
+bool int8_blocks_row(const at::BFloat16* x, const int8_t* packed, const float* scale, int64_t steps,
+                     const int64_t* blocks, int64_t count, int64_t out_features, float* out);  // linear_gemm.cpp
 void paged_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& rows,
                      const at::Tensor& slots, const at::Tensor& starts, const at::Tensor& lengths, double scale);
 void prefill_attention(const at::Tensor& q, const at::Tensor& kv, at::Tensor out, const at::Tensor& spans,

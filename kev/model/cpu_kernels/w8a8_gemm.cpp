@@ -14,6 +14,11 @@
 // float64 matmul in torch's reference) it is the same number, and the fp32 steps are the same: the same bits on
 // every path, at every M and thread count, by construction.
 //
+// Two scales (`split` > 0, the head's first pass, model/head_rescoring.py): the first `split` cells of K (64 k each)
+// and the rest are quantized as two rows of their own, with dx0, Σq0 and dx1, Σq1, and summed apart:
+//   y = (float(isum0) · scale[n]) · dx0[m] + (float(isum1) · scale[n]) · dx1[m]  (+ bias[n])
+// so a few outlier channels placed first no longer set the step of all the others. AVX-512 VNNI and plain C++ only.
+//
 // Paths: AMX (Sapphire Rapids and later: amx_tile + amx_int8, and Linux's permission for the tile state, asked once
 // per process), AVX-512 VNNI, AVX2 (vpmaddubsw, exact by the sign trick below), and plain C++; the best present is
 // chosen at run time, tests force each.
@@ -81,8 +86,9 @@ struct Aligned {
 struct Acts {
   int64_t rows = 0, padded = 0, group = 0, kt = 0;
   std::unique_ptr<int8_t, Aligned> q, qa;  // qa: |q| (the AVX2 path's), or none
-  std::vector<float> dx;
-  std::vector<int32_t> start;
+  std::vector<float> dx, dx1;          // dx1, start1: the second group's (split > 0 only)
+  std::vector<int32_t> start, start1;
+  int64_t split = 0;                   // cells of K in the first group; 0: one group
   // Row m's first 64 k; its next 64 k are kTileK · group bytes further.
   const int8_t* row(int64_t m) const { return q.get() + (m / group) * group * kt * kTileK + (m % group) * kTileK; }
   int64_t tile_stride() const { return group * kTileK; }
@@ -180,16 +186,17 @@ void quantize_row(const T* x, int64_t k, int8_t* q, int64_t stride, float& dx, i
 }
 
 // absolute: also |q| (AVX2's unsigned side), at the same offsets in a.qa.
-Acts quantize(const at::Tensor& x, int64_t kt, bool vector, bool absolute = false) {
+Acts quantize(const at::Tensor& x, int64_t kt, bool vector, bool absolute = false, int64_t split = 0) {
   const int64_t rows = x.size(0), k = x.size(1);
   Acts a;
-  a.rows = rows, a.kt = kt;
+  a.rows = rows, a.kt = kt, a.split = split;
   a.group = std::min(rows, kTileRows);
   a.padded = (rows + a.group - 1) / a.group * a.group;  // whole AMX tiles
   const int64_t bytes = std::max<int64_t>(64, a.padded * kt * kTileK);
   a.q.reset(static_cast<int8_t*>(std::aligned_alloc(64, bytes)));
   if (absolute) a.qa.reset(static_cast<int8_t*>(std::aligned_alloc(64, bytes)));
   a.dx.resize(rows), a.start.resize(rows);
+  if (split) a.dx1.resize(rows), a.start1.resize(rows);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const at::Tensor xf = bf16 || x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   const int64_t stride = a.tile_stride();
@@ -200,8 +207,13 @@ Acts quantize(const at::Tensor& x, int64_t kt, bool vector, bool absolute = fals
         for (int64_t t = 0; t < kt; ++t) std::memset(q + t * stride, 0, kTileK);
       } else {
         if (k % kTileK) std::memset(q + (kt - 1) * stride + k % kTileK, 0, kTileK - k % kTileK);
-        if (bf16) quantize_row(xf.data_ptr<at::BFloat16>() + m * k, k, q, stride, a.dx[m], a.start[m], vector);
-        else quantize_row(xf.data_ptr<float>() + m * k, k, q, stride, a.dx[m], a.start[m], vector);
+        const int64_t k0 = split ? split * kTileK : k;  // the first group's k (all of K without a split)
+        const auto groups = [&](auto* xm) {
+          quantize_row(xm, k0, q, stride, a.dx[m], a.start[m], vector);
+          if (split) quantize_row(xm + k0, k - k0, q + split * stride, stride, a.dx1[m], a.start1[m], vector);
+        };
+        if (bf16) groups(xf.data_ptr<at::BFloat16>() + m * k);
+        else groups(xf.data_ptr<float>() + m * k);
       }
       if (!absolute) continue;
       int8_t* qa = a.qa.get() + (q - a.q.get());
@@ -230,17 +242,20 @@ struct Out {
   }
 };
 
-// The fp32 step of one element: y = (float(isum) · scale[n]) · dx[m] (+ bias[n]).
-inline float finish_one(const Weights& w, const Acts& a, int64_t m, int64_t n, int32_t raw) {
-  const float v = (static_cast<float>(raw + a.start[m]) * w.scale[n]) * a.dx[m];
+// The fp32 step of one element: y = (float(isum) · scale[n]) · dx[m] (+ bias[n]); with a split, raw0 and raw1 are
+// the two groups' sums.
+inline float finish_one(const Weights& w, const Acts& a, int64_t m, int64_t n, int32_t raw0, int32_t raw1) {
+  float v = (static_cast<float>(raw0 + a.start[m]) * w.scale[n]) * a.dx[m];
+  if (a.split) v = v + (static_cast<float>(raw1 + a.start1[m]) * w.scale[n]) * a.dx1[m];
   return w.bias ? v + w.bias[n] : v;
 }
 
 void plain_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, const Out& out) {
   for (int64_t block = b0; block < b1; ++block)
     for (int64_t m = 0; m < a.rows; ++m) {
-      int32_t acc[kCols] = {};
+      int32_t acc[kCols] = {}, first[kCols] = {};
       for (int64_t t = 0; t < w.kt; ++t) {
+        if (t == a.split && t > 0) std::memcpy(first, acc, sizeof acc), std::memset(acc, 0, sizeof acc);
         const uint8_t* c = w.cell(block, t);
         const int8_t* x = a.row(m) + t * a.tile_stride();
         for (int s = 0; s < 16; ++s)
@@ -248,17 +263,26 @@ void plain_chunk(const Weights& w, const Acts& a, int64_t b0, int64_t b1, const 
             for (int i = 0; i < 4; ++i) acc[col] += static_cast<int32_t>(c[s * 64 + col * 4 + i]) * x[s * 4 + i];
       }
       for (int col = 0; col < kCols && block * kCols + col < w.out_features; ++col)
-        out.store(m * w.out_features + block * kCols + col, finish_one(w, a, m, block * kCols + col, acc[col]));
+        out.store(m * w.out_features + block * kCols + col,
+                  a.split ? finish_one(w, a, m, block * kCols + col, first[col], acc[col])
+                          : finish_one(w, a, m, block * kCols + col, acc[col], 0));
     }
 }
 
 #if KEV_W8_VNNI
-// 16 columns of row m from their raw int32 sums.
-inline void finish16(const Weights& w, const Acts& a, int64_t m, int64_t block, __m512i raw, const Out& out) {
+// 16 columns of row m from their raw int32 sums (with a split: `first`, the first group's, and raw the second's).
+inline void finish16(const Weights& w, const Acts& a, int64_t m, int64_t block, __m512i raw, const Out& out,
+                     const __m512i* first = nullptr) {
   const int64_t col = block * kCols;
-  __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(raw, _mm512_set1_epi32(a.start[m])));
-  v = _mm512_mul_ps(v, _mm512_loadu_ps(w.scale + col));
+  const __m512 scale = _mm512_loadu_ps(w.scale + col);
+  __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(first ? *first : raw, _mm512_set1_epi32(a.start[m])));
+  v = _mm512_mul_ps(v, scale);
   v = _mm512_mul_ps(v, _mm512_set1_ps(a.dx[m]));
+  if (first) {
+    __m512 v1 = _mm512_cvtepi32_ps(_mm512_add_epi32(raw, _mm512_set1_epi32(a.start1[m])));
+    v1 = _mm512_mul_ps(_mm512_mul_ps(v1, scale), _mm512_set1_ps(a.dx1[m]));
+    v = _mm512_add_ps(v, v1);
+  }
   if (w.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(w.bias + col));
   const int64_t at = m * w.out_features + col;
   if (!out.bf16) return _mm512_mask_storeu_ps(out.fp32 + at, mask_of(w.out_features - col), v);
@@ -286,8 +310,15 @@ void vnni_tile(const Weights& w, const Acts& a, int64_t row0, int64_t block0, co
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) x[r] = a.row(row0 + r);
   const int64_t stride = a.tile_stride();
+  __m512i first[MR][NB];  // the first group's sums (split > 0): out of registers from the split on
   // (every loop over r and j unrolled: the accumulators must live in registers; GCC spills them otherwise)
   for (int64_t t = 0; t < w.kt; ++t) {
+    if (t == a.split && t > 0) {
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) first[r][j] = acc[r][j], acc[r][j] = _mm512_setzero_si512();
+    }
     const uint8_t* c = w.cell(block0, t);
     for (int s = 0; s < 16; ++s) {
       __m512i wv[NB];
@@ -304,7 +335,7 @@ void vnni_tile(const Weights& w, const Acts& a, int64_t row0, int64_t block0, co
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 8
-    for (int j = 0; j < NB; ++j) finish16(w, a, row0 + r, block0 + j, acc[r][j], out);
+    for (int j = 0; j < NB; ++j) finish16(w, a, row0 + r, block0 + j, acc[r][j], out, a.split ? &first[r][j] : nullptr);
 }
 
 using TileFn = void (*)(const Weights&, const Acts&, int64_t, int64_t, const Out&);
@@ -547,7 +578,8 @@ bool is_w8a8_cells(const at::Tensor& cells) { return cells.dim() == 3 && cells.s
 // [M, out_features], or with like_x x's dtype (ops.h's LinearOutput). path: 0 the best present, 1 AVX-512 VNNI,
 // 2 plain C++, 3 AMX, 4 AVX2 (tests force each).
 at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::optional<at::Tensor>& scale,
-                       const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x) {
+                       const c10::optional<at::Tensor>& bias, int64_t out_features, int64_t path, bool like_x,
+                       int64_t split) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "kev::w8a8_linear: x must be a contiguous [rows, K] matrix");
   const int64_t k = x.size(1), kt = (k + kTileK - 1) / kTileK;
   TORCH_CHECK(cells.scalar_type() == at::kByte && cells.is_contiguous() && is_w8a8_cells(cells) &&
@@ -561,12 +593,14 @@ at::Tensor w8a8_linear(const at::Tensor& x, const at::Tensor& cells, const c10::
               "kev::w8a8_linear: the bias must be fp32, one per (padded) output column");
   const Path chosen = path == kAuto ? best_path(x.size(0)) : static_cast<Path>(path);
   TORCH_CHECK(path_present(chosen), "kev::w8a8_linear: path ", path, " is not present on this CPU");
+  TORCH_CHECK(split == 0 || (split > 0 && split < kt && (chosen == kVnni || chosen == kPlain)),
+              "kev::w8a8_linear: split must be 0, or 1 .. ceil(K/64) - 1 on the avx512-vnni or plain path");
   const int64_t rows = x.size(0);
   const LinearOutput result = LinearOutput::make(x, out_features, like_x, /*kernel_rounds=*/true);
   if (rows == 0) return result.done();
   const Weights w{cells.data_ptr<uint8_t>(), scale->data_ptr<float>(), has_bias ? bias->data_ptr<float>() : nullptr,
                   kt, cells.size(0), out_features};
-  const Acts a = quantize(x, kt, chosen != kPlain, chosen == kAvx2);
+  const Acts a = quantize(x, kt, chosen != kPlain, chosen == kAvx2, split);
   const Out op{result.fp32, result.rounded};
   // Column blocks split over threads in pairs (AMX's two B tiles); a thread gets enough weight bytes to pay for
   // waking it.
@@ -617,7 +651,7 @@ std::tuple<at::Tensor, at::Tensor> w8a8_quantize(const at::Tensor& x, bool vecto
 }  // namespace kev
 
 TORCH_LIBRARY_FRAGMENT(kev, m) {
-  m.def("w8a8_linear(Tensor x, Tensor cells, Tensor? scale, Tensor? bias, int out_features, int path=0, bool like_x=False) -> Tensor");
+  m.def("w8a8_linear(Tensor x, Tensor cells, Tensor? scale, Tensor? bias, int out_features, int path=0, bool like_x=False, int split=0) -> Tensor");
   m.def("w8a8_paths() -> str[]", &kev::w8a8_paths);
   m.def("w8a8_quantize(Tensor x, bool vector=True) -> (Tensor, Tensor)");
 }
