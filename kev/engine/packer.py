@@ -99,6 +99,7 @@ def pack(work: list[Work], blocks: BlockManager, plan: RowTiling, device: torch.
     spans: list[ChannelSpan] = []
     slot_mapping: list[int] = []
     sample_rows: list[int] = []
+    argmax_only: list[bool] = []
     # Decode rows: one per sampled token, plus a drafted question's verify rows (positions past its prompt).
     decode = [w for w in work if w.start >= len(w.seq.prompt_ids)]
     decode_ids = {id(w) for w in decode}
@@ -123,7 +124,9 @@ def pack(work: list[Work], blocks: BlockManager, plan: RowTiling, device: torch.
             else:
                 spans.append(ChannelSpan(channel, q_start, w.length, end, kv_slots, _chunk_mask(w, device),
                                          w.start == 0, q.prefix_len, False))
-            sample_rows.extend(logit_rows(w, q_start))  # the sampling row(s); all rows of a prompt being scored
+            picked = logit_rows(w, q_start)  # the sampling row(s); all rows of a prompt being scored
+            sample_rows.extend(picked)
+            argmax_only.extend([w.argmax_only] * len(picked))
         if group and not one_gemm:
             num_rows = len(rows.input_ids) - first_row
             rows.close_tiles(plan.for_decode(num_rows) if group is decode else plan.for_chunk(group[0].length))
@@ -140,6 +143,7 @@ def pack(work: list[Work], blocks: BlockManager, plan: RowTiling, device: torch.
         sample_tiles=plan.for_samples(len(sample_rows)),
         token_rows=as_tensor(rows.token_rows), slot_mapping=as_tensor(slot_mapping), spans=spans,
         sample_rows=as_tensor(sample_rows), paged=paged,
+        argmax_only=torch.tensor(argmax_only, dtype=torch.bool) if any(argmax_only) else None,
     )
 
 

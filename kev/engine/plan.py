@@ -31,6 +31,20 @@ class Work:
         assert isinstance(self.seq, Question)
         return self.seq
 
+    @property
+    def argmax_only(self) -> bool:
+        """What the model returns for this work is read for its argmax alone: it samples, scores no prompt, and its
+        question samples by reads_argmax_only with no logprobs (read under the engine lock, as pack runs)."""
+        if not self.samples or self.scores_prompt or not isinstance(self.seq, Question):
+            return False
+        return reads_argmax_only(self.seq.sampling, self.seq.grammar) and self.seq.sampling.logprobs is None
+
+
+def reads_argmax_only(params: SamplingParams, grammar: ChannelGrammar | None) -> bool:
+    """Sampling takes the raw logits row's argmax and nothing else: greedy, no grammar mask, nothing that changes the
+    row first (logit_bias, penalties)."""
+    return params.is_greedy and grammar is None and not params.adjusts_logits
+
 
 @dataclass(frozen=True)
 class SampleRow:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kev.engine.plan import SampleRow
+from kev.engine.plan import SampleRow, reads_argmax_only
 
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[list[int]]:
@@ -18,7 +18,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[list[int]]:
     first = 0
     for r in rows:
         # A channel that changes its own row first (grammar, logit_bias, penalties) never takes the batched pick.
-        batched = r.params.is_greedy and r.grammar is None and not r.params.adjusts_logits
+        batched = reads_argmax_only(r.params, r.grammar)
         tokens: list[int] = []
         for offset in range(len(r.draft) + 1):
             token = greedy[first + offset] if batched else sample_one(logits[first + offset], r.at(offset))

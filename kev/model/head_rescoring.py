@@ -1,14 +1,16 @@
-"""w8a8's head in two passes: every logit from int8 activations, then the exact head wherever it could be the maximum.
+"""w8a8's head in two passes for the rows read for their argmax alone: every logit from int8 activations, then the
+exact head wherever it could be the row's maximum.
 
 The head is a quarter of the default model's multiply-adds, and int8 activations there alone cost perplexity (the
 logits are what sampling reads), so w8a8 keeps it int8 weight-only (kev/model/quantize.py): bf16 activations on
 `vdpbf16ps`, half the rate of the int8 `vpdpbusd`. Here the first pass runs the same int8 weights on the w8a8 kernel
-with the head's outlier channels (chosen once on the calibration text) quantized apart from the rest
+with the head input's outlier channels (chosen once on the calibration text) quantized apart from the rest
 (cpu_kernels/w8a8_gemm.cpp's split), which keeps its error small; the second pass (cpu_kernels/head_rescore.cpp)
 bounds that error per logit and recomputes, with the plain head's own arithmetic, every block of 16 logits that could
 hold the row's maximum: a few dozen of 3,072 blocks. A row's maximum and its argmax are then the plain head's bit for
-bit, so greedy answers are unchanged; the other logits carry int8-activation error (temperature sampling and
-logprobs read them). Every step is per row, so batched rows stay bit-identical to solo.
+bit. The model serves only the rows whose sampling reads nothing else with it (StepMetadata.argmax_only: greedy, no
+grammar, logit_bias, penalties or logprobs) and the plain head serves the rest, so every token, logprob and
+distribution a caller sees is the plain head's. Every step is per row: batched rows stay bit-identical to solo.
 """
 from __future__ import annotations
 

@@ -267,7 +267,23 @@ class LlamaModel(nn.Module):
 
     def forward(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:
         """Runs the packed step; returns fp32 logits [num_samples, vocab] for meta.sample_rows only."""
-        return self.logits(self.final_hidden(meta, caches), meta.sample_tiles)[: meta.sample_rows.numel()].float()
+        hidden, rows = self.final_hidden(meta, caches), meta.sample_rows.numel()
+        if self.rescored_head is not None and meta.argmax_only is not None:
+            return self._argmax_logits(hidden[:rows], meta.argmax_only, self.rescored_head)
+        return self.logits(hidden, meta.sample_tiles)[:rows].float()
+
+    def _argmax_logits(self, hidden: torch.Tensor, argmax_only: torch.Tensor,
+                       two_pass: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The rows read for their argmax alone from the two-pass head, the others (logprobs, temperature, grammar,
+        scored prompts) from the plain head: both give a row's bits from that row alone (Kev's GEMM, no tiles)."""
+        if bool(argmax_only.all()):
+            return two_pass(hidden)
+        out = hidden.new_empty(hidden.shape[0], self.config.vocab_size, dtype=torch.float32)
+        fast, whole = argmax_only.nonzero().flatten(), (~argmax_only).nonzero().flatten()
+        out[whole] = self.head(hidden[whole], [whole.numel()]).float()
+        if fast.numel():
+            out[fast] = two_pass(hidden[fast])
+        return out
 
     def final_hidden(self, meta: StepMetadata, caches: list[PagedKVLayer]) -> torch.Tensor:
         """The head's input [sum(meta.sample_tiles), hidden]: meta.sample_rows normed, zero rows padding the tiles."""
@@ -290,7 +306,4 @@ class LlamaModel(nn.Module):
 
     def logits(self, hidden: torch.Tensor, tiles: list[int]) -> torch.Tensor:
         """hidden: [sum(tiles), hidden]."""
-        if self.rescored_head is not None:
-            two_pass = self.rescored_head
-            return two_pass(hidden) if len(tiles) <= 1 else torch.cat([two_pass(rows) for rows in hidden.split(tiles)])
         return self.head(hidden, tiles)

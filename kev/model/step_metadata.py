@@ -44,6 +44,9 @@ class StepMetadata:
     sample_rows: torch.Tensor  # [num_samples] rows whose next-token logits are needed
     sample_tiles: list[int]  # row tiles of the lm_head GEMM over the sampled rows (padded)
     paged: PagedRows | None = None  # the rows as device kernels read them (CUDA's Triton path), else None
+    # [num_samples] bool: rows whose logits are read for their argmax alone (Work.argmax_only), which a head that
+    # keeps only each row's maximum exact may serve (kev/model/head_rescoring.py); None: every row whole
+    argmax_only: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -84,6 +84,23 @@ def test_w8a8_runs_the_two_pass_head_where_the_kernels_allow(engines):
     assert 0 < model.rescored_head.rescored_blocks - before < model.head.out_features // 16  # some blocks, not all
 
 
+def test_rows_read_whole_take_the_plain_head_and_greedy_tokens_are_the_same(engines):
+    """Greedy alone reads the argmax (the two-pass head's exact part); asking for logprobs reads the whole row, which
+    the plain head gives: the same tokens either way, alone or side by side, and other logits."""
+    engine = engines["w8a8"]
+    if engine.runner.model.rescored_head is None:
+        pytest.skip("the two-pass head does not run here")
+    plain = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0}
+    scored = {**plain, "logprobs": 1}
+    alone = [engine.generate([q], timeout=600)[0] for q in (plain, scored)]
+    together = engine.generate([plain, scored], timeout=600)
+    assert alone[0].token_ids == alone[1].token_ids == together[0].token_ids == together[1].token_ids
+    for one, both in zip(alone, together):
+        assert torch.equal(one.logits, both.logits)
+    assert not torch.equal(alone[0].logits, alone[1].logits)  # the argmax rows' tails are the first pass's
+    assert torch.equal(alone[0].logits.amax(1), alone[1].logits.amax(1))  # their maxima the plain head's
+
+
 def test_gguf_on_a_hugging_face_folder_is_a_config_error():
     folder = resolve_model_path("smollm2-135m-instruct")
     with pytest.raises(ConfigError, match="core.precision: gguf needs a .gguf model"):
