@@ -54,6 +54,10 @@ class RescoredHead:
         return (isinstance(packed, GemmWeight) and packed.dtype == torch.int8 and not packed.k_major
                 and "avx512-vnni" in w8a8_paths() and packed.in_features > W8_TILE_K)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """What it holds besides the plain head: the first pass's weights and scales, the bounds."""
+        return [*self.first_pass.tensors(), self.bounds, self.element_bounds]
+
     def __call__(self, x: torch.Tensor, path: int = _PATH_VNNI) -> torch.Tensor:
         """fp32 logits [rows, vocab] of bf16 rows x (path: the first pass's, 2 = plain C++ for tests)."""
         x = x.contiguous()

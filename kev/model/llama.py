@@ -5,8 +5,8 @@ gate_up_proj), which halve the number of tiled GEMM calls per layer.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -138,6 +138,14 @@ def _as_one_tile(linear: Linear, x: torch.Tensor) -> torch.Tensor:
     return linear(x, [x.shape[0]])
 
 
+class ArgmaxHead(Protocol):
+    """A head that keeps each row's maximum and argmax exact (kev/model/head_rescoring.py's RescoredHead)."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def tensors(self) -> list[torch.Tensor]: ...
+
+
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
@@ -154,7 +162,7 @@ class LlamaModel(nn.Module):
         # w8a8: the calibration text's tokens (kev/model/smoothing.py) and the two-pass head the engine builds with
         # them where Kev's kernels run (kev/model/head_rescoring.py), which then replaces the plain head
         self.calibration_ids: list[int] | None = None
-        self.rescored_head: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.rescored_head: ArgmaxHead | None = None
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         """Layer `index`; other families override this (kev/model/families.py)."""
@@ -195,6 +203,8 @@ class LlamaModel(nn.Module):
                     tensors += [module.packed.packed, module.packed.bias, module.packed.scale]
                 if isinstance(module.packed, QuantLinear):
                     tensors += module.packed.tensors()
+        if self.rescored_head is not None:
+            tensors += self.rescored_head.tensors()
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                     for t in tensors if t is not None and t.numel()}
         return sum(storages.values())
@@ -272,8 +282,7 @@ class LlamaModel(nn.Module):
             return self._argmax_logits(hidden[:rows], meta.argmax_only, self.rescored_head)
         return self.logits(hidden, meta.sample_tiles)[:rows].float()
 
-    def _argmax_logits(self, hidden: torch.Tensor, argmax_only: torch.Tensor,
-                       two_pass: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def _argmax_logits(self, hidden: torch.Tensor, argmax_only: torch.Tensor, two_pass: ArgmaxHead) -> torch.Tensor:
         """The rows read for their argmax alone from the two-pass head, the others (logprobs, temperature, grammar,
         scored prompts) from the plain head: both give a row's bits from that row alone (Kev's GEMM, no tiles)."""
         if bool(argmax_only.all()):

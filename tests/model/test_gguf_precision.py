@@ -8,6 +8,7 @@ import torch
 from gguf import GGUFReader
 
 import kev
+from kev.engine.kv.memory_plan import inputs_for, make_plan, shape_of
 from kev.errors import ConfigError
 from kev.isolation.verify import VERIFY_QUESTIONS, VerifyOptions, run_verify
 from kev.model.head_rescoring import RescoredHead
@@ -82,6 +83,14 @@ def test_w8a8_runs_the_two_pass_head_where_the_kernels_allow(engines):
     before = model.rescored_head.rescored_blocks
     first_logits(engines["w8a8"])
     assert 0 < model.rescored_head.rescored_blocks - before < model.head.out_features // 16  # some blocks, not all
+
+
+def test_w8a8_holds_what_the_plan_says_the_two_pass_head_included(engines):
+    engine = engines["w8a8"]
+    model = engine.runner.model
+    if model.rescored_head is None:
+        pytest.skip("the two-pass head does not run here (the plan's figure is then an upper bound)")
+    assert make_plan(inputs_for(engine.config, shape_of(model.config))).weights_bytes == model.weight_bytes()
 
 
 def test_rows_read_whole_take_the_plain_head_and_greedy_tokens_are_the_same(engines):

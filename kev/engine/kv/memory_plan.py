@@ -117,8 +117,18 @@ def weight_bytes(s: ModelShape, precision: str, kv_precision: str) -> int | None
     if s.num_params is None:
         return None
     if precision in ("int8", "w8a8") and s.linear_params is not None and s.linear_outputs is not None:
-        return s.linear_params + 4 * s.linear_outputs + KV_BYTES[kv_precision] * (s.num_params - s.linear_params)
+        held = s.linear_params + 4 * s.linear_outputs + KV_BYTES[kv_precision] * (s.num_params - s.linear_params)
+        return held + (two_pass_head_bytes(s) if precision == "w8a8" else 0)
     return s.num_params * WEIGHT_BYTES[precision]
+
+
+def two_pass_head_bytes(s: ModelShape) -> int:
+    """w8a8's two-pass head (kev/model/head_rescoring.py, on CPUs whose kernels run it): the head's int8 weights again
+    in the w8a8 kernel's cells (K padded to 64), their scales and the error bounds, per logit and per block of 16."""
+    if s.vocab_size is None:
+        return 0
+    blocks = -(-s.vocab_size // 16)
+    return blocks * 16 * (-(-s.hidden_size // 64) * 64 + 4) + 8 * blocks + 8 * s.vocab_size
 
 
 def inputs_for(config: KevConfig, shape: ModelShape, typical_tokens: int = 512, prefix_tokens: int = 0,
