@@ -81,7 +81,6 @@ def two_pass_head(model: LlamaModel) -> RescoredHead | None:
     if isinstance(built, RescoredHead) and built.gemm is head.packed:
         return built
     assert isinstance(head.packed, GemmWeight)
-    model.rescored_head = None
     hidden = head_inputs(model, model.calibration_ids)
     first = hidden.float().abs().amax(0).topk(W8_TILE_K).indices.sort().values
     return RescoredHead(head.packed, first)

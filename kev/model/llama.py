@@ -160,7 +160,7 @@ class LlamaModel(nn.Module):
         self.fused_layers: FusedLayers | None = None  # every layer in one C++ call (after prepack)
         self.smoothing: str | None = None  # w8a8's SmoothQuant fold, by its tag (kev/model/smoothing.py), or None
         # w8a8: the calibration text's tokens (kev/model/smoothing.py) and the two-pass head the engine builds with
-        # them where Kev's kernels run (kev/model/head_rescoring.py), which then replaces the plain head
+        # them where Kev's kernels run (kev/model/head_rescoring.py) for the rows read for their argmax alone
         self.calibration_ids: list[int] | None = None
         self.rescored_head: ArgmaxHead | None = None
 
