@@ -81,6 +81,7 @@ def two_pass_head(model: LlamaModel) -> RescoredHead | None:
     if isinstance(built, RescoredHead) and built.gemm is head.packed:
         return built
     assert isinstance(head.packed, GemmWeight)
-    hidden = head_inputs(model, model.calibration_ids)
+    # no further than the positions the model holds (core.max_context): past its rotary table a row is no hidden state
+    hidden = head_inputs(model, model.calibration_ids[: model.max_positions])
     first = hidden.float().abs().amax(0).topk(W8_TILE_K).indices.sort().values
     return RescoredHead(head.packed, first)

@@ -93,6 +93,18 @@ def test_w8a8_holds_what_the_plan_says_the_two_pass_head_included(engines):
     assert make_plan(inputs_for(engine.config, shape_of(model.config))).weights_bytes == model.weight_bytes()
 
 
+def test_the_two_pass_head_calibrates_within_a_short_context():
+    """The calibration text is longer than this max_context: its forward stops at the model's last position (past
+    the rotary table it would read nothing real), and the head still recomputes a few blocks a row."""
+    with kev.Engine(config("w8a8", max_context=256), record_logits=True, background=False) as engine:
+        head = engine.runner.model.rescored_head
+        if head is None:
+            pytest.skip("the two-pass head does not run here")
+        before = head.rescored_blocks
+        first_logits(engine)
+        assert 0 < head.rescored_blocks - before < 100
+
+
 def test_rows_read_whole_take_the_plain_head_and_greedy_tokens_are_the_same(engines):
     """Greedy alone reads the argmax (the two-pass head's exact part); asking for logprobs reads the whole row, which
     the plain head gives: the same tokens either way, alone or side by side, and other logits."""

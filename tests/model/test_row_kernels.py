@@ -69,6 +69,13 @@ def test_rope_in_place_rotates_q_and_k_only(dtype):
     assert torch.equal(alone[0], ours[7])
 
 
+def test_rope_refuses_a_position_past_its_table():
+    table = RotaryTable(DIM, 10000.0, None, 64).to(torch.device("cpu"), torch.float32)
+    qkv = torch.zeros(2, (HEADS + 2 * KV_HEADS) * DIM)
+    with pytest.raises(RuntimeError, match="position 64 is outside the rotary table"):
+        torch.ops.kev.rope_(qkv, table.cos, table.sin, torch.tensor([3, 64]), HEADS + KV_HEADS, DIM)
+
+
 @pytest.mark.parametrize("n", [1, 5, 16, 17, 100, 49152])
 def test_argmax_rows_picks_what_torch_argmax_picks(n):
     """The first of equal maxima, a NaN as the largest (its first), -inf rows, signed zeros, any row length."""

@@ -158,6 +158,11 @@ void rope_(at::Tensor qkv, const at::Tensor& cos, const at::Tensor& sin, const a
            int64_t rotated_heads, int64_t dim) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous(), "rope_: contiguous");
   TORCH_CHECK(cos.scalar_type() == qkv.scalar_type(), "rope_: cos/sin in the model dtype");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() >= qkv.size(0), "rope_: a position per row");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  for (int64_t i = 0; i < qkv.size(0); ++i)  // the table's rows are all there is: never read past them
+    TORCH_CHECK(pos[i] >= 0 && pos[i] < cos.size(0), "rope_: position ", pos[i], " is outside the rotary table (",
+                cos.size(0), " positions: core.max_context)");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_",
                                   [&] { rope_rows<scalar_t>(qkv, cos, sin, positions, rotated_heads, dim); });
 }
