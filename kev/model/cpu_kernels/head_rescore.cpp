@@ -4,11 +4,11 @@
 //
 // Bound: a group's activations are rounded to within d/2 each, so logit v of the first pass is off the exact sum
 // Σ_k x_k q_vk · s_v by at most s_v · (d0/2 · Σ_first |q_vk| + d1/2 · Σ_rest |q_vk|), plus the fp32 rounding of both
-// sums (under c · ‖x‖₂ · s_v · ‖q_v‖₂). With m_v that bound rounded up (the largest in v's block of 16), T = max_v
+// sums (under c · ‖x‖₂ · s_v · ‖q_v‖₂ <= c · ‖x‖₂ · s_v · Σ_k |q_vk|). With m_v that bound rounded up, T = max_v
 // (a_v − m_v) is at most the exact maximum, and a logit with a_v + m_v < T − slack is below it even after the exact
-// head's bf16 rounding
-// (slack = |T| / 64 + 10⁻³ exceeds two bf16 half-steps at T). Every 16-column block holding a logit that is not
-// below gets its exact values (linear_gemm.cpp's int8 tile: the bits the plain head gives). So each row's maximum,
+// head's bf16 rounding (slack = |T| / 64 + 10⁻³ exceeds two bf16 half-steps at T). The scans take each block of 16
+// logits' largest margin first (a superset of blocks), then each logit's own within those. Every block holding a
+// logit that is not below gets its exact values (linear_gemm.cpp's int8 tile: the bits the plain head gives). So each row's maximum,
 // and the lowest index holding it, are the exact head's, while the rest of the row keeps int8-activation logits.
 // Everything is per row: a row's result never depends on the others.
 #pragma GCC optimize("fp-contract=off")
@@ -99,9 +99,9 @@ void refine(const float* a, float h0, float h1, const float* e0, const float* e1
 
 // logits: fp32 [M, V], the first pass's (rewritten in place); x: bf16 [M, K], the head's input; grouped: x with its
 // columns in the first pass's order (the first `first_k` of them the first group); packed, scale: the head's int8
-// weight as linear() takes it; bounds: fp32 [3, ≥ V] = s_v · Σ_first |q_vk|, s_v · Σ_rest |q_vk|, s_v · ‖q_v‖₂;
-// rounding: c above. element_bounds: fp32 [2, V], s_v · Σ_first |q_vk| and s_v · Σ_rest |q_vk|; bounds: [2, blocks of
-// 16 logits], each block's largest of those. Returns the number of blocks recomputed (all rows).
+// weight as linear() takes it; element_bounds: fp32 [2, V], s_v · Σ_first |q_vk| and s_v · Σ_rest |q_vk|; bounds:
+// [2, blocks of 16 logits], each block's largest of those; rounding: c above. Returns the blocks recomputed (all
+// rows).
 int64_t head_rescore_(at::Tensor logits, const at::Tensor& x, const at::Tensor& grouped, int64_t first_k,
                       const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& bounds,
                       const at::Tensor& element_bounds, double rounding) {
