@@ -46,7 +46,7 @@ class RescoredHead:
         pad = -self.element_bounds.shape[1] % 16
         self.bounds = torch.nn.functional.pad(self.element_bounds, (0, pad)).view(2, -1, 16).amax(2).contiguous()
         self.gemm = gemm
-        self.rescored_blocks = 0  # blocks the second pass recomputed, all calls (the bench's share)
+        self.rescored_blocks = 0  # blocks the second pass recomputed, all calls (what the tests read)
 
     @staticmethod
     def applies_to(packed: object) -> bool:
